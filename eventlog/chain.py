@@ -1,0 +1,32 @@
+"""The hash chain: each record's chain value covers every record before it.
+
+chain(n) = sha256(chain(n-1) || canonical(record n)), chain(0) = 32 zero bytes, where the
+canonical bytes are the msgpack array [seq, stream, version, event_id (16 bytes), type,
+schema, recorded_at, payload]. Editing, deleting or reordering any record changes every
+chain value from there on; truncating the newest records needs an anchor kept elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+GENESIS = bytes(32)
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def link(
+    previous: bytes,
+    seq: int,
+    stream: str,
+    version: int,
+    event_id: bytes,
+    type_name: str,
+    schema: int,
+    recorded_at: int,
+    payload: bytes,
+) -> bytes:
+    """The chain value of one record given the chain value of the record before it."""
+    canonical = _encode((seq, stream, version, event_id, type_name, schema, recorded_at, payload))
+    return hashlib.sha256(previous + canonical).digest()

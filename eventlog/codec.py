@@ -1,0 +1,102 @@
+"""Bytes <-> events: msgpack payloads, schema versions and upcasters.
+
+A payload is the msgpack encoding of the event struct (its tag included, so a payload read
+on its own still says what it is). A record of an older schema version is decoded to a plain
+mapping, passed through the registered upcasters vN -> vN+1 until it reaches the current
+version, then converted; a newer version or an unknown type is a typed error naming the seq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from eventlog.errors import FutureSchemaError, SchemaError, UnknownEventTypeError
+from eventlog.events import Event, event_types
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
+_raw_decoder = msgspec.msgpack.Decoder()
+
+
+def register_upcaster(type_name: str, from_schema: int) -> Callable[[Upcaster], Upcaster]:
+    """Register the function that turns a `type_name` payload of `from_schema` into the next."""
+
+    def register(fn: Upcaster) -> Upcaster:
+        key = (type_name, from_schema)
+        if key in _UPCASTERS:
+            raise TypeError(f"an upcaster for {type_name} v{from_schema} is already registered")
+        _UPCASTERS[key] = fn
+        return fn
+
+    return register
+
+
+def encode(event: Event) -> tuple[str, int, bytes]:
+    """The record columns (type, schema, payload) for an event."""
+    cls = type(event)
+    name = cls.__struct_config__.tag
+    assert isinstance(name, str)
+    return name, cls.schema, _encoder.encode(event)
+
+
+def decode(type_name: str, schema: int, payload: bytes, *, seq: int | None = None) -> Event:
+    """The event stored in a record; raises SchemaError naming seq and type when it can't."""
+    where = f"seq {seq}" if seq is not None else "record"
+    cls = event_types().get(type_name)
+    if cls is None:
+        raise UnknownEventTypeError(
+            f"{where}: unknown event type {type_name!r}",
+            seq=seq,
+            type_name=type_name,
+        )
+    try:
+        if schema == cls.schema:
+            decoder = _decoders.get(cls)
+            if decoder is None:
+                decoder = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+            return decoder.decode(payload)  # type: ignore[no-any-return]
+        if schema > cls.schema:
+            raise FutureSchemaError(
+                f"{where}: {type_name} has schema v{schema}, this program reads up to "
+                f"v{cls.schema}; upgrade eventlog to read it",
+                seq=seq,
+                type_name=type_name,
+            )
+        data = _raw_decoder.decode(payload)
+        if not isinstance(data, dict):
+            raise SchemaError(f"{where}: {type_name} payload is not a mapping", seq=seq)
+        for version in range(schema, cls.schema):
+            upcast = _UPCASTERS.get((type_name, version))
+            if upcast is None:
+                raise SchemaError(
+                    f"{where}: no upcaster from {type_name} v{version} to v{version + 1}",
+                    seq=seq,
+                    type_name=type_name,
+                )
+            data = upcast(data)
+        return msgspec.convert(data, cls)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SchemaError(
+            f"{where}: {type_name} v{schema} payload does not decode: {exc}",
+            seq=seq,
+            type_name=type_name,
+        ) from exc
+
+
+def to_builtins(event: Event) -> dict[str, Any]:
+    """The event's fields as JSON-friendly builtins, without the type tag."""
+    data = msgspec.to_builtins(event)
+    assert isinstance(data, dict)
+    data.pop("type", None)
+    return data
+
+
+def raw_fields(payload: bytes) -> object:
+    """A payload decoded without its schema (for `replay --allow-unknown`)."""
+    return _raw_decoder.decode(payload)

@@ -1,0 +1,314 @@
+"""Recovery configuration (YAML), parsed strictly: a typo must never pass silently.
+
+Three sections matter to the log: ``rollout_recovery`` (granularity per agent, per task, by
+default), ``token_capture`` (rows staged in the data plane) and ``checkpointing``. Unknown keys,
+wrong types and unknown granularities are ``ConfigError``s naming the key path; so is turning
+recovery on without the two features it stands on. A misspelt section name is refused too,
+because a silently ignored ``rollout_recovry:`` would switch recovery off.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+
+from eventlog.errors import ConfigError, InvalidEventError
+
+__all__ = [
+    "CheckpointingConfig",
+    "Granularity",
+    "RecoveryConfig",
+    "RolloutRecoveryConfig",
+    "TokenCaptureConfig",
+    "config_from_dict",
+    "load_config",
+    "parse_config",
+    "resolve_granularity",
+]
+
+
+class Granularity(enum.StrEnum):
+    """What a failure abandons and a retry redispatches: one sibling, or the whole group."""
+
+    SIBLING = "sibling"
+    PROMPT_GROUP = "prompt_group"
+
+
+_GRANULARITIES = " or ".join(repr(g.value) for g in Granularity)
+_OVERRIDE_MAPS = ("agent_granularity_overrides", "task_granularity_overrides")
+
+
+class RolloutRecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Granularity resolution: agent override beats task override beats the default."""
+
+    default_granularity: Granularity = Granularity.SIBLING
+    agent_granularity_overrides: dict[str, Granularity] = msgspec.field(default_factory=dict)
+    task_granularity_overrides: dict[str, Granularity] = msgspec.field(default_factory=dict)
+
+
+class TokenCaptureConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Whether workers stage token rows in the data plane, and in which partition."""
+
+    enabled: bool = False
+    staging_partition: Annotated[str, msgspec.Meta(min_length=1)] = "rollout_staging"
+
+
+class CheckpointingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Whether checkpoints are taken, and whether they include the data plane's rows."""
+
+    enabled: bool = False
+    save_data_plane: bool = False
+
+
+class RecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The whole recovery configuration; ``rollout_recovery=None`` means recovery is off."""
+
+    rollout_recovery: RolloutRecoveryConfig | None = None
+    token_capture: TokenCaptureConfig = msgspec.field(default_factory=TokenCaptureConfig)
+    checkpointing: CheckpointingConfig = msgspec.field(default_factory=CheckpointingConfig)
+
+
+# Which struct describes the mapping found at a key path (for "unknown key" messages).
+_SECTIONS: dict[str, type[msgspec.Struct]] = {
+    "": RecoveryConfig,
+    "rollout_recovery": RolloutRecoveryConfig,
+    "token_capture": TokenCaptureConfig,
+    "checkpointing": CheckpointingConfig,
+}
+
+_TYPE_WORDS = {
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+    "str": "a string",
+    "bool": "true or false",
+    "int": "an integer",
+}
+_AT_KEY = re.compile(r"^(?P<what>.*) - at `key` in `\$(?P<path>[^`]*)`$")
+_AT_PATH = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`$")
+_EXPECTED = re.compile(r"^Expected `(?P<expected>[^`]*)`(?P<rest>[^,]*)(, got `[^`]*`)?$")
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def _join(path: str, key: object) -> str:
+    """Key path in dotted form; keys that would be ambiguous there are shown in brackets."""
+    if isinstance(key, str) and _PLAIN_KEY.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _shown(path: str) -> str:
+    return path or "(top level)"
+
+
+def _lookup(data: object, path: str) -> tuple[bool, object]:
+    """The raw value at a msgspec path such as ``.token_capture.enabled`` (found?, value)."""
+    value = data
+    for part in (p for p in path.split(".") if p):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, str):
+        return repr(value)
+    return f"{type(value).__name__} {value!r}"
+
+
+def _translate(exc: msgspec.ValidationError, data: object) -> ConfigError:
+    """Turn msgspec's message into one that names the key path, expected and found."""
+    message = str(exc)
+    key_match = _AT_KEY.match(message)
+    if key_match:
+        path = key_match["path"].lstrip(".")
+        return ConfigError(f"{_shown(path)}: every key must be a string ({key_match['what']})")
+    at = _AT_PATH.match(message)
+    what, path = (at["what"], at["path"]) if at else (message, "")
+    dotted = path.lstrip(".")
+    unknown = _UNKNOWN_FIELD.match(what)
+    if unknown:
+        field = unknown["field"]
+        section = _SECTIONS.get(dotted)
+        names = sorted(f.name for f in msgspec.structs.fields(section)) if section else []
+        close = difflib.get_close_matches(field, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        expected = f"; expected one of {', '.join(names)}" if names else ""
+        return ConfigError(f"{_join(dotted, field)}: unknown key{expected}{hint}")
+    found_it, found = _lookup(data, path)
+    shown_found = _describe(found) if found_it else "nothing"
+    if what.startswith("Invalid enum value"):
+        return ConfigError(f"{_shown(dotted)}: expected {_GRANULARITIES}, found {shown_found}")
+    types = _EXPECTED.match(what)
+    if types:
+        wanted = _TYPE_WORDS.get(types["expected"], types["expected"]) + types["rest"]
+        return ConfigError(f"{_shown(dotted)}: expected {wanted}, found {shown_found}")
+    return ConfigError(f"{_shown(dotted)}: {what}")
+
+
+def _check_overrides(data: Mapping[Any, Any]) -> None:
+    """Name the exact override entry that is wrong (msgspec's paths lose mapping keys)."""
+    section = data.get("rollout_recovery")
+    if not isinstance(section, Mapping):
+        return
+    for map_name in _OVERRIDE_MAPS:
+        overrides = section.get(map_name)
+        if not isinstance(overrides, Mapping):
+            continue  # absent, or a wrong type msgspec will name
+        base = f"rollout_recovery.{map_name}"
+        for name, value in overrides.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(
+                    f"{base}: every name must be a non-empty string, found {_describe(name)} "
+                    "(quote it in YAML)"
+                )
+            if not isinstance(value, str) or value not in Granularity._value2member_map_:
+                raise ConfigError(
+                    f"{_join(base, name)}: expected {_GRANULARITIES}, found {_describe(value)}"
+                )
+
+
+def _check_requirements(data: Mapping[Any, Any], config: RecoveryConfig) -> None:
+    """Recovery stands on staged token rows and data-plane checkpoints: say which is missing."""
+    if config.rollout_recovery is None:
+        return
+    missing: list[str] = []
+    for flag, value in (
+        ("token_capture.enabled", config.token_capture.enabled),
+        ("checkpointing.save_data_plane", config.checkpointing.save_data_plane),
+    ):
+        if value:
+            continue
+        found_it, raw = _lookup(data, flag)
+        missing.append(f"{flag}: true (found {_describe(raw) if found_it else 'nothing'})")
+    if missing:
+        raise ConfigError(
+            "rollout_recovery needs " + " and ".join(missing),
+            hint="recovery restores staged token rows from data-plane checkpoints; "
+            "enable both or remove the rollout_recovery section",
+        )
+
+
+def config_from_dict(data: Mapping[str, Any] | None) -> RecoveryConfig:
+    """Validate an already parsed configuration (``None`` or ``{}``: everything off)."""
+    if data is None:
+        return RecoveryConfig()
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"(top level): expected a mapping, found {_describe(data)}")
+    # An empty section (`token_capture:` with every key commented out) means its defaults;
+    # for rollout_recovery that still means "recovery on", so its requirements apply.
+    data = {k: ({} if k in _SECTIONS and v is None else v) for k, v in data.items()}
+    _check_overrides(data)
+    try:
+        config = msgspec.convert(data, RecoveryConfig, strict=True)
+    except msgspec.ValidationError as exc:
+        raise _translate(exc, data) from None
+    _check_requirements(data, config)
+    return config
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a key given twice (PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            mark = key_node.start_mark
+            raise ConfigError(
+                f"key {key!r} appears twice in one mapping (line {mark.line + 1}, "
+                f"column {mark.column + 1})"
+            )
+        seen[key] = loader.construct_object(value_node, deep=True)
+    return seen
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,  # type: ignore[arg-type]
+)
+
+
+def parse_config(text: str, *, source: str = "<string>") -> RecoveryConfig:
+    """Parse and validate YAML text; ``source`` names it in error messages."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}", hint=exc.hint) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> RecoveryConfig:
+    """Read and validate a YAML configuration file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{os.fspath(path)}: cannot read configuration: {exc.strerror}") from None
+    return parse_config(text, source=os.fspath(path))
+
+
+def _identity_field(value: object, field: str, expected: str) -> InvalidEventError:
+    return InvalidEventError(f"prompt {field}: expected {expected}, found {_describe(value)}")
+
+
+def resolve_granularity(config: RecoveryConfig, prompt: Mapping[str, Any]) -> Granularity:
+    """The granularity for one prompt: agent override, else task override, else the default.
+
+    Called once, at reservation; the result is stored in the event and never resolved again.
+    A missing ``extra_env_info``/``agent_ref``/``task_name`` (absent or null) means no override;
+    a present but malformed one is an error naming the field.
+    """
+    recovery = config.rollout_recovery or RolloutRecoveryConfig()
+    if not isinstance(prompt, Mapping):
+        raise _identity_field(prompt, "(the prompt itself)", "a mapping")
+    agent_name: str | None = None
+    extra = prompt.get("extra_env_info")
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise _identity_field(extra, "extra_env_info", "a mapping")
+        agent_ref = extra.get("agent_ref")
+        if agent_ref is not None:
+            if not isinstance(agent_ref, Mapping):
+                raise _identity_field(agent_ref, "extra_env_info.agent_ref", "a mapping")
+            if "name" not in agent_ref:
+                raise InvalidEventError(
+                    "prompt extra_env_info.agent_ref.name: expected a string, found nothing"
+                )
+            name = agent_ref["name"]
+            if not isinstance(name, str):
+                raise _identity_field(name, "extra_env_info.agent_ref.name", "a string")
+            agent_name = name
+    task_name = prompt.get("task_name")
+    if task_name is not None and not isinstance(task_name, str):
+        raise _identity_field(task_name, "task_name", "a string")
+    if agent_name is not None and agent_name in recovery.agent_granularity_overrides:
+        return recovery.agent_granularity_overrides[agent_name]
+    if task_name is not None and task_name in recovery.task_granularity_overrides:
+        return recovery.task_granularity_overrides[task_name]
+    return recovery.default_granularity

@@ -1,0 +1,293 @@
+"""EventLog: the one object a controller, a worker or a tool opens to use a log."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import sqlalchemy as sa
+
+from eventlog import codec
+from eventlog.errors import InvalidEventError, LogClosedError
+from eventlog.events import Event
+from eventlog.ids import new_event_id
+from eventlog.records import (
+    ANY,
+    AppendRequest,
+    AppendResult,
+    ExpectedVersion,
+    Proposed,
+    Record,
+    RecordedEvent,
+    StreamState,
+)
+from eventlog.store import migrate
+from eventlog.store.base import PreparedEvent, PreparedRequest, SqlStore, Submission
+from eventlog.verify import VerifyReport, verify_records
+from eventlog.writer import GroupCommitWriter
+
+Durability = Literal["full", "normal"]
+
+MAX_STREAM_LENGTH = 512
+
+
+def resolve_url(target: str | Path) -> sa.URL:
+    """A SQLAlchemy URL for a file path or a URL; PostgreSQL always goes through psycopg 3."""
+    text = str(target)
+    if "://" not in text:
+        return sa.make_url(f"sqlite:///{Path(text).expanduser().resolve()}")
+    url = sa.make_url(text)
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def open_store(target: str | Path, durability: Durability = "full") -> SqlStore:
+    """The store for a target, without checking its schema revision."""
+    if durability not in ("full", "normal"):
+        raise InvalidEventError(f"durability must be 'full' or 'normal', found {durability!r}")
+    url = resolve_url(target)
+    shown = url.render_as_string(hide_password=True)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        from eventlog.store.sqlite import SqliteDialect
+
+        return SqlStore(SqliteDialect(url, durability), shown)
+    if backend == "postgresql":
+        from eventlog.store.postgres import PostgresDialect
+
+        return SqlStore(PostgresDialect(url, durability), shown)
+    raise InvalidEventError(f"{shown}: unsupported backend {backend!r} (use SQLite or PostgreSQL)")
+
+
+class EventLog:
+    """An append-only, hash-chained log of events, durable when `append` returns."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self._store = store
+        self._writer = GroupCommitWriter(store)
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls, target: str | Path, *, durability: Durability = "full", create: bool = True
+    ) -> EventLog:
+        """Open a log by file path (SQLite) or SQLAlchemy URL; a new log starts at head."""
+        store = open_store(target, durability)
+        try:
+            migrate.ensure_at_head(store.engine, target=str(target), create=create)
+        except BaseException:
+            store.close()
+            raise
+        return cls(store)
+
+    # -- appending -------------------------------------------------------------------------
+
+    def append(
+        self,
+        stream: str,
+        events: Sequence[Event | Proposed],
+        expected_version: ExpectedVersion = ANY,
+    ) -> AppendResult:
+        """Append events to one stream atomically, if it is at `expected_version`."""
+        return self.append_batch([AppendRequest(stream, events, expected_version)])[0]
+
+    def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """Append to several streams in one atomic step: every request lands, or none."""
+        return self._wait(self._writer.submit(self._prepare(requests)).result())
+
+    async def append_async(
+        self,
+        stream: str,
+        events: Sequence[Event | Proposed],
+        expected_version: ExpectedVersion = ANY,
+    ) -> AppendResult:
+        """`append` for asyncio: waits for the shared commit without blocking the loop."""
+        results = await self.append_batch_async([AppendRequest(stream, events, expected_version)])
+        return results[0]
+
+    async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        future = self._writer.submit(self._prepare(requests))
+        return self._wait(await asyncio.wrap_future(future))
+
+    @staticmethod
+    def _wait(outcome: list[AppendResult] | Exception) -> list[AppendResult]:
+        if isinstance(outcome, Exception):  # pragma: no cover - the writer raises these
+            raise outcome
+        return outcome
+
+    def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        prepared: Submission = []
+        for request in requests:
+            _check_stream(request.stream)
+            if not isinstance(request.expected_version, StreamState) and (
+                not isinstance(request.expected_version, int) or request.expected_version < 0
+            ):
+                raise InvalidEventError(
+                    f"stream {request.stream!r}: expected_version must be NO_STREAM, ANY or a "
+                    f"version >= 0, found {request.expected_version!r}"
+                )
+            items = []
+            for index, item in enumerate(request.events):
+                if isinstance(item, Proposed):
+                    event, event_id, supplied = item.event, item.event_id, True
+                else:
+                    event, event_id, supplied = item, new_event_id(), False
+                if not isinstance(event, Event):
+                    raise InvalidEventError(
+                        f"stream {request.stream!r}: item {index} is a "
+                        f"{type(event).__name__}, not an Event"
+                    )
+                type_name, schema, payload = codec.encode(event)
+                items.append(PreparedEvent(event_id.bytes, type_name, schema, payload, supplied))
+            prepared.append(PreparedRequest(request.stream, request.expected_version, items))
+        return prepared
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def head(self) -> int:
+        """The newest seq (0 for an empty log)."""
+        return self._store.head()
+
+    def stream_version(self, stream: str) -> int | None:
+        """The stream's newest version, or None when the stream does not exist."""
+        return self._store.stream_version(stream)
+
+    def read(
+        self,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        streams: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> Iterator[RecordedEvent]:
+        """Decoded records in seq order, streamed a page at a time."""
+        for record in self._store.read(from_seq, until_seq, streams, types):
+            yield decode_record(record)
+
+    def read_records(
+        self,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        streams: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> Iterator[Record]:
+        """Records as stored (payload undecoded): for audits of logs with unknown types."""
+        return self._store.read(from_seq, until_seq, streams, types)
+
+    def read_stream(self, stream: str, from_version: int = 0) -> Iterator[RecordedEvent]:
+        """One stream's decoded records in version order."""
+        for record in self._store.read_stream(stream, from_version):
+            yield decode_record(record)
+
+    async def subscribe(
+        self,
+        from_seq: int = 1,
+        streams: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        poll_interval: float = 1.0,
+    ) -> AsyncIterator[RecordedEvent]:
+        """Catch up from `from_seq`, then follow new appends for as long as the caller iterates."""
+        next_seq = max(from_seq, 1)
+        page_size = 500
+        while True:
+            head = await asyncio.to_thread(self._store.head)
+            if head >= next_seq:
+                page = await asyncio.to_thread(
+                    lambda: list(
+                        itertools.islice(
+                            self._store.read(next_seq, head, streams, types, page_size), page_size
+                        )
+                    )
+                )
+                for record in page:
+                    yield decode_record(record)
+                # Every seq <= head was committed before we read: a short page covers them all.
+                next_seq = page[-1].seq + 1 if len(page) == page_size else head + 1
+                continue
+            await asyncio.to_thread(self._store.wait_for_append, head, poll_interval)
+
+    # -- integrity and metadata ------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Recompute the chain over every record; report the first gap, break or duplicate."""
+        return verify_records(self._store.read(page_size=5000), self._store.duplicate_event_ids())
+
+    def info(self) -> dict[str, str]:
+        """The log's own metadata: id, creation time, hash algorithm, head and its chain value."""
+        info = dict(self._store.meta())
+        seq, link = self._store.tail_chain()
+        info["revision"] = migrate.current_revision(self._store.engine) or ""
+        info["head"] = str(seq)
+        info["chain"] = link.hex()
+        return info
+
+    def tail_chain(self) -> tuple[int, bytes]:
+        """The newest seq and its chain value: keep it elsewhere to detect truncation."""
+        return self._store.tail_chain()
+
+    def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
+        """Store a projection's state as of `seq` (replaces one saved at the same seq)."""
+        self._store.save_snapshot(name, seq, payload)
+
+    def load_snapshot(
+        self, name: str, at_or_before_seq: int | None = None
+    ) -> tuple[int, bytes] | None:
+        """The newest snapshot of `name` at or before a seq, as (seq, payload)."""
+        return self._store.load_snapshot(name, at_or_before_seq)
+
+    @property
+    def commits(self) -> int:
+        """Transactions this process has committed (events per commit shows group commit)."""
+        return self._writer.batches
+
+    @property
+    def backend(self) -> str:
+        return self._store.dialect.name
+
+    def close(self) -> None:
+        """Wait for pending appends, then release connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        self._store.close()
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def decode_record(record: Record) -> RecordedEvent:
+    """A record with its event decoded (SchemaError names the seq when it can't be)."""
+    return RecordedEvent(
+        seq=record.seq,
+        stream=record.stream,
+        version=record.version,
+        event_id=record.event_id,
+        type=record.type,
+        schema=record.schema,
+        recorded_at=record.recorded_at,
+        chain=record.chain,
+        event=codec.decode(record.type, record.schema, record.payload, seq=record.seq),
+    )
+
+
+def _check_stream(stream: object) -> None:
+    if not isinstance(stream, str) or not stream or len(stream) > MAX_STREAM_LENGTH:
+        raise InvalidEventError(
+            f"stream must be a non-empty string of at most {MAX_STREAM_LENGTH} characters, "
+            f"found {stream!r}"
+        )

@@ -1,0 +1,430 @@
+"""The SQL store: one write path and one read path for every dialect.
+
+Writes happen in one transaction per group-commit batch, under the dialect's write lock
+(SQLite `BEGIN IMMEDIATE`, PostgreSQL a transaction-scoped advisory lock), so seq is
+assigned in commit order and a reader that has seen seq N never later finds a smaller one.
+Every submission in a batch is validated on its own against the stored state plus the
+submissions accepted before it; a rejected submission adds no row and fails nobody else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from eventlog import chain
+from eventlog.errors import (
+    ConcurrencyError,
+    DuplicateEventError,
+    EventLogError,
+    InvalidEventError,
+)
+from eventlog.records import ANY, NO_STREAM, AppendResult, ExpectedVersion, Record
+from eventlog.store.tables import RECORD_COLUMNS, events, log_meta, snapshots
+
+log = logging.getLogger(__name__)
+
+_ID_CHUNK = 500  # bound parameters per lookup (SQLite's limit is far above; PG has none)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEvent:
+    """An event already encoded by its caller; only positions and the chain remain to fill."""
+
+    event_id: bytes
+    type: str
+    schema: int
+    payload: bytes
+    id_supplied: bool
+    """True when the caller chose the id (a retry may hit a stored one); minted ids can't."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    stream: str
+    expected_version: ExpectedVersion
+    events: list[PreparedEvent]
+
+
+Submission = list[PreparedRequest]
+"""Requests that succeed or fail together (one append or one append_batch call)."""
+
+Outcome = list[AppendResult] | EventLogError
+
+
+class Dialect(Protocol):
+    """What differs between backends; everything else is shared SQL."""
+
+    name: str
+    insert_sql: str
+    """INSERT of one record row in the driver's paramstyle, for executemany."""
+
+    def write_engine(self) -> Engine: ...
+
+    def read_engine(self) -> Engine: ...
+
+    def lock_for_write(self, conn: Connection) -> None:
+        """Take the log's write lock inside the open transaction."""
+
+    def after_write(self, conn: Connection, last_seq: int) -> None:
+        """Inside the transaction, after the rows are written (PostgreSQL: NOTIFY)."""
+
+    def wait_for_append(self, after_seq: int, timeout: float) -> None:
+        """Block until something may have been appended after `after_seq`, or timeout."""
+
+    def dispose(self) -> None: ...
+
+
+@dataclass
+class _Batch:
+    """The writer's view of the log while it plans one transaction."""
+
+    head: int
+    last_chain: bytes
+    versions: dict[str, int | None]
+    stored: dict[bytes, Record]
+    pending: dict[bytes, tuple[str, int, int, str, int, bytes]] = field(default_factory=dict)
+    rows: list[tuple[int, str, int, bytes, str, int, int, bytes, bytes]] = field(
+        default_factory=list
+    )
+
+
+class SqlStore:
+    """Append and read records through SQLAlchemy Core; dialect specifics stay in `dialect`."""
+
+    def __init__(self, dialect: Dialect, target: str) -> None:
+        self.dialect = dialect
+        self.target = target
+        self._write_engine = dialect.write_engine()
+        self._read_engine = dialect.read_engine()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write(self, submissions: Sequence[Submission]) -> list[Outcome]:
+        """Commit every valid submission in one transaction; return one outcome each."""
+        try:
+            return self._write_once(submissions)
+        except EventLogError:
+            raise
+        except Exception:
+            if len(submissions) == 1:
+                raise
+            # Something no validation foresaw (a constraint, a driver error): isolate the
+            # culprit by committing each submission on its own, so the others still land.
+            log.warning("batch of %d failed; retrying one by one", len(submissions), exc_info=True)
+            outcomes: list[Outcome] = []
+            for submission in submissions:
+                try:
+                    outcomes.extend(self._write_once([submission]))
+                except EventLogError as exc:
+                    outcomes.append(exc)
+                except Exception as exc:
+                    outcomes.append(EventLogError(f"append failed: {exc}"))
+            return outcomes
+
+    def _write_once(self, submissions: Sequence[Submission]) -> list[Outcome]:
+        with self._write_engine.connect() as conn, conn.begin():
+            self.dialect.lock_for_write(conn)
+            batch = self._open_batch(conn, submissions)
+            outcomes: list[Outcome] = []
+            for submission in submissions:
+                outcomes.append(self._plan(batch, submission))
+            if batch.rows:
+                conn.exec_driver_sql(self.dialect.insert_sql, batch.rows)  # type: ignore[arg-type]
+                self.dialect.after_write(conn, batch.head)
+        return outcomes
+
+    def _open_batch(self, conn: Connection, submissions: Sequence[Submission]) -> _Batch:
+        last = conn.execute(
+            sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
+        ).first()
+        head, last_chain = (last[0], last[1]) if last else (0, chain.GENESIS)
+        streams = {request.stream for submission in submissions for request in submission}
+        supplied = [
+            event.event_id
+            for submission in submissions
+            for request in submission
+            for event in request.events
+            if event.id_supplied
+        ]
+        return _Batch(
+            head=head,
+            last_chain=last_chain,
+            versions=self._versions(conn, streams),
+            stored=self._records_by_id(conn, supplied),
+        )
+
+    def _plan(self, batch: _Batch, submission: Submission) -> Outcome:
+        """Validate one submission against the batch so far; on success, add its rows."""
+        results: list[AppendResult] = []
+        rows: list[tuple[int, str, int, bytes, str, int, int, bytes, bytes]] = []
+        versions: dict[str, int | None] = {}
+        supplied: set[bytes] = set()
+        head, last_chain = batch.head, batch.last_chain
+        recorded_at = time.time_ns()
+        try:
+            for request in submission:
+                retried = self._retried(batch, request)
+                if retried is not None:
+                    results.append(retried)
+                    continue
+                current = versions.get(request.stream, batch.versions.get(request.stream))
+                _check_expected(request.stream, request.expected_version, current)
+                seqs, stream_versions, ids = [], [], []
+                for event in request.events:
+                    if event.id_supplied:
+                        if event.event_id in batch.pending or event.event_id in supplied:
+                            raise InvalidEventError(
+                                f"stream {request.stream!r}: event id "
+                                f"{uuid.UUID(bytes=event.event_id)} appears twice in one append"
+                            )
+                        supplied.add(event.event_id)
+                    head += 1
+                    current = 0 if current is None else current + 1
+                    last_chain = chain.link(
+                        last_chain,
+                        head,
+                        request.stream,
+                        current,
+                        event.event_id,
+                        event.type,
+                        event.schema,
+                        recorded_at,
+                        event.payload,
+                    )
+                    rows.append(
+                        (
+                            head,
+                            request.stream,
+                            current,
+                            event.event_id,
+                            event.type,
+                            event.schema,
+                            recorded_at,
+                            event.payload,
+                            last_chain,
+                        )
+                    )
+                    seqs.append(head)
+                    stream_versions.append(current)
+                    ids.append(uuid.UUID(bytes=event.event_id))
+                versions[request.stream] = current
+                results.append(AppendResult(request.stream, seqs, stream_versions, ids))
+        except EventLogError as exc:
+            return exc
+        batch.head, batch.last_chain = head, last_chain
+        batch.versions.update(versions)
+        for row in rows:
+            batch.pending[row[3]] = (row[1], row[0], row[2], row[4], row[5], row[7])
+        batch.rows.extend(rows)
+        return results
+
+    def _retried(self, batch: _Batch, request: PreparedRequest) -> AppendResult | None:
+        """The original result when every event of the request is already stored as is."""
+        found: list[tuple[str, int, int, str, int, bytes]] = []
+        for event in request.events:
+            if not event.id_supplied:
+                continue
+            record = batch.stored.get(event.event_id)
+            if record is not None:
+                found.append(
+                    (
+                        record.stream,
+                        record.seq,
+                        record.version,
+                        record.type,
+                        record.schema,
+                        record.payload,
+                    )
+                )
+            elif event.event_id in batch.pending:
+                found.append(batch.pending[event.event_id])
+            else:
+                continue
+            stream, seq, _, type_name, schema, payload = found[-1]
+            if (stream, type_name, schema, payload) != (
+                request.stream,
+                event.type,
+                event.schema,
+                event.payload,
+            ):
+                raise DuplicateEventError(str(uuid.UUID(bytes=event.event_id)), stream, seq)
+        if not found:
+            return None
+        if len(found) != len(request.events):
+            raise InvalidEventError(
+                f"stream {request.stream!r}: {len(found)} of {len(request.events)} event ids are "
+                "already stored; a retry must repeat the original append exactly"
+            )
+        return AppendResult(
+            request.stream,
+            [f[1] for f in found],
+            [f[2] for f in found],
+            [uuid.UUID(bytes=e.event_id) for e in request.events],
+        )
+
+    def _versions(self, conn: Connection, streams: Iterable[str]) -> dict[str, int | None]:
+        wanted = sorted(streams)
+        versions: dict[str, int | None] = dict.fromkeys(wanted)
+        for start in range(0, len(wanted), _ID_CHUNK):
+            chunk = wanted[start : start + _ID_CHUNK]
+            query = (
+                sa.select(events.c.stream, sa.func.max(events.c.version))
+                .where(events.c.stream.in_(chunk))
+                .group_by(events.c.stream)
+            )
+            for stream, version in conn.execute(query):
+                versions[stream] = version
+        return versions
+
+    def _records_by_id(self, conn: Connection, ids: Sequence[bytes]) -> dict[bytes, Record]:
+        found: dict[bytes, Record] = {}
+        for start in range(0, len(ids), _ID_CHUNK):
+            chunk = list(ids[start : start + _ID_CHUNK])
+            query = sa.select(*RECORD_COLUMNS).where(events.c.event_id.in_(chunk))
+            for row in conn.execute(query):
+                record = _record(row)
+                found[record.event_id.bytes] = record
+        return found
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def head(self) -> int:
+        with self._read_engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))).scalar_one())
+
+    def tail_chain(self) -> tuple[int, bytes]:
+        """The newest seq and its chain value (the anchor to keep elsewhere)."""
+        with self._read_engine.connect() as conn:
+            row = conn.execute(
+                sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
+            ).first()
+        return (row[0], row[1]) if row else (0, chain.GENESIS)
+
+    def stream_version(self, stream: str) -> int | None:
+        with self._read_engine.connect() as conn:
+            return self._versions(conn, [stream])[stream]
+
+    def read(
+        self,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        streams: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[Record]:
+        """Records in seq order, fetched a page at a time so memory stays bounded."""
+        next_seq = max(from_seq, 1)
+        while True:
+            query = sa.select(*RECORD_COLUMNS).where(events.c.seq >= next_seq)
+            if until_seq is not None:
+                query = query.where(events.c.seq <= until_seq)
+            if streams is not None:
+                query = query.where(events.c.stream.in_(list(streams)))
+            if types is not None:
+                query = query.where(events.c.type.in_(list(types)))
+            query = query.order_by(events.c.seq).limit(page_size)
+            with self._read_engine.connect() as conn:
+                page = [_record(row) for row in conn.execute(query)]
+            yield from page
+            if len(page) < page_size:
+                return
+            next_seq = page[-1].seq + 1
+
+    def read_stream(
+        self, stream: str, from_version: int = 0, page_size: int = 1000
+    ) -> Iterator[Record]:
+        """One stream's records in version order, through the (stream, version) index."""
+        next_version = from_version
+        while True:
+            query = (
+                sa.select(*RECORD_COLUMNS)
+                .where(events.c.stream == stream, events.c.version >= next_version)
+                .order_by(events.c.version)
+                .limit(page_size)
+            )
+            with self._read_engine.connect() as conn:
+                page = [_record(row) for row in conn.execute(query)]
+            yield from page
+            if len(page) < page_size:
+                return
+            next_version = page[-1].version + 1
+
+    def duplicate_event_ids(self) -> list[tuple[bytes, int]]:
+        """(event id, smallest seq) for ids stored more than once (only a tampered log has any)."""
+        query = (
+            sa.select(events.c.event_id, sa.func.min(events.c.seq))
+            .group_by(events.c.event_id)
+            .having(sa.func.count() > 1)
+        )
+        with self._read_engine.connect() as conn:
+            return [(row[0], row[1]) for row in conn.execute(query)]
+
+    def meta(self) -> dict[str, str]:
+        with self._read_engine.connect() as conn:
+            return {key: value for key, value in conn.execute(sa.select(log_meta))}
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
+        with self._write_engine.connect() as conn, conn.begin():
+            conn.execute(
+                snapshots.delete().where(snapshots.c.name == name, snapshots.c.seq == seq)
+            )
+            conn.execute(
+                snapshots.insert().values(
+                    name=name, seq=seq, created_at=time.time_ns(), payload=payload
+                )
+            )
+
+    def load_snapshot(self, name: str, at_or_before_seq: int | None) -> tuple[int, bytes] | None:
+        query = sa.select(snapshots.c.seq, snapshots.c.payload).where(snapshots.c.name == name)
+        if at_or_before_seq is not None:
+            query = query.where(snapshots.c.seq <= at_or_before_seq)
+        query = query.order_by(snapshots.c.seq.desc()).limit(1)
+        with self._read_engine.connect() as conn:
+            row = conn.execute(query).first()
+        return (int(row[0]), bytes(row[1])) if row else None
+
+    def wait_for_append(self, after_seq: int, timeout: float) -> None:
+        self.dialect.wait_for_append(after_seq, timeout)
+
+    @property
+    def engine(self) -> Engine:
+        return self._write_engine
+
+    def close(self) -> None:
+        self.dialect.dispose()
+
+
+def _check_expected(stream: str, expected: ExpectedVersion, current: int | None) -> None:
+    if expected is ANY:
+        return
+    if expected is NO_STREAM:
+        if current is not None:
+            raise ConcurrencyError(stream, "no stream", current)
+        return
+    if current != expected:
+        raise ConcurrencyError(stream, f"version {expected}", current)
+
+
+def _record(row: sa.Row[tuple[object, ...]] | Sequence[object]) -> Record:
+    seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
+    return Record(
+        seq=seq,  # type: ignore[arg-type]
+        stream=stream,  # type: ignore[arg-type]
+        version=version,  # type: ignore[arg-type]
+        event_id=uuid.UUID(bytes=bytes(event_id)),  # type: ignore[arg-type]
+        type=type_name,  # type: ignore[arg-type]
+        schema=schema,  # type: ignore[arg-type]
+        recorded_at=recorded_at,  # type: ignore[arg-type]
+        payload=bytes(payload),  # type: ignore[arg-type]
+        chain=bytes(link),  # type: ignore[arg-type]
+    )

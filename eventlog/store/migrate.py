@@ -1,0 +1,88 @@
+"""Schema revisions: alembic owns every table; a log at the wrong revision is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect
+
+from eventlog.errors import LogRevisionError
+
+
+def migrations_dir() -> Path:
+    """The alembic scripts: installed as eventlog._migrations, or the source tree's migrations/."""
+    spec = importlib.util.find_spec("eventlog._migrations")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+def _config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return config
+
+
+def head_revision(engine: Engine) -> str:
+    """The newest revision this program knows."""
+    head = ScriptDirectory.from_config(_config(engine)).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None for an empty database)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the database up to `revision`."""
+    config = _config(engine)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Migrate the database down to `revision` (`base` removes every table)."""
+    config = _config(engine)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
+def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
+    """Create an empty log at head, accept one at head, refuse anything else with the fix."""
+    current = current_revision(engine)
+    head = head_revision(engine)
+    if current == head:
+        return
+    if current is None:
+        if "events" in inspect(engine).get_table_names():
+            raise LogRevisionError(
+                f"{target}: has an events table but no alembic revision; it was not made by eventlog"
+            )
+        if not create:
+            raise LogRevisionError(
+                f"{target}: no eventlog log here", hint=f"run `eventlog db upgrade {target}`"
+            )
+        upgrade(engine)
+        return
+    script = ScriptDirectory.from_config(_config(engine))
+    known = {rev.revision for rev in script.walk_revisions()}
+    if current in known:
+        raise LogRevisionError(
+            f"{target}: log is at schema revision {current}, this eventlog needs {head}",
+            hint=f"run `eventlog db upgrade {target}`",
+        )
+    raise LogRevisionError(
+        f"{target}: log is at schema revision {current}, newer than this eventlog knows ({head})",
+        hint="upgrade the eventlog package to open it",
+    )

@@ -1,0 +1,49 @@
+"""The tables as queries see them; alembic migrations (migrations/versions) create them."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    sa.Column("stream", sa.Text(), nullable=False),
+    sa.Column("version", sa.BigInteger(), nullable=False),
+    sa.Column("event_id", sa.LargeBinary(16), nullable=False),
+    sa.Column("type", sa.Text(), nullable=False),
+    sa.Column("schema", sa.Integer(), nullable=False),
+    sa.Column("recorded_at", sa.BigInteger(), nullable=False),
+    sa.Column("payload", sa.LargeBinary(), nullable=False),
+    sa.Column("chain", sa.LargeBinary(32), nullable=False),
+)
+
+log_meta = sa.Table(
+    "log_meta",
+    metadata,
+    sa.Column("key", sa.Text(), primary_key=True),
+    sa.Column("value", sa.Text(), nullable=False),
+)
+
+snapshots = sa.Table(
+    "snapshots",
+    metadata,
+    sa.Column("name", sa.Text(), primary_key=True),
+    sa.Column("seq", sa.BigInteger(), primary_key=True),
+    sa.Column("created_at", sa.BigInteger(), nullable=False),
+    sa.Column("payload", sa.LargeBinary(), nullable=False),
+)
+
+RECORD_COLUMNS = (
+    events.c.seq,
+    events.c.stream,
+    events.c.version,
+    events.c.event_id,
+    events.c.type,
+    events.c.schema,
+    events.c.recorded_at,
+    events.c.payload,
+    events.c.chain,
+)

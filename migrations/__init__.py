@@ -1,0 +1,1 @@
+"""Alembic environment and versions; installed as `eventlog._migrations`."""
