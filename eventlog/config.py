@@ -158,7 +158,9 @@ def _translate(exc: msgspec.ValidationError, data: object) -> ConfigError:
         return ConfigError(f"{_shown(dotted)}: expected {_GRANULARITIES}, found {shown_found}")
     types = _EXPECTED.match(what)
     if types:
-        wanted = _TYPE_WORDS.get(types["expected"], types["expected"]) + types["rest"]
+        # A null section is read as an empty one, so `object | null` only ever wants a mapping.
+        options = [o for o in types["expected"].split(" | ") if o != "null"] or ["null"]
+        wanted = " or ".join(_TYPE_WORDS.get(o, o) for o in options) + types["rest"]
         return ConfigError(f"{_shown(dotted)}: expected {wanted}, found {shown_found}")
     return ConfigError(f"{_shown(dotted)}: {what}")
 
@@ -243,10 +245,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     return seen
 
 
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
-)
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def parse_config(text: str, *, source: str = "<string>") -> RecoveryConfig:

@@ -1,0 +1,134 @@
+"""Find and stop the processes of a Ray session we started, by PID, even as orphans.
+
+``start_transferqueue`` sets ``EVENTLOG_RAY_SESSION=<temp dir>`` in the environment only
+while ``ray.init`` spawns the head processes; every Ray process (GCS, raylet, and the TQ
+controller and storage actors the raylet forks later) inherits it, and ``/proc/<pid>/environ``
+keeps it even after the process that called ``ray.init`` died and they were re-parented.
+Matching on that marker, never on a process name, means we only ever kill what we started.
+
+Usable without Ray installed: ``python -m eventlog.dataplane.raysession ROOT`` kills every
+session whose temp dir lies under ROOT and prints the PIDs (for CI wrappers and the demo).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MARKER_ENV = "EVENTLOG_RAY_SESSION"
+"""Environment variable whose value is the temp dir of the Ray session a process belongs to."""
+
+
+def _marker(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, a zombie, or not ours to read
+        return None
+    prefix = MARKER_ENV.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def _under(path: str, root: str) -> bool:
+    root = os.path.normpath(root)
+    path = os.path.normpath(path)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (dead, waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+def session_pids(root: str) -> list[int]:
+    """PIDs of live processes marked with a Ray session temp dir at or under `root`."""
+    me = os.getpid()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == me:
+            continue
+        marker = _marker(pid)
+        if marker is not None and _under(marker, root) and _alive(pid):
+            pids.append(pid)
+    return sorted(pids)
+
+
+def _reap(pid: int) -> None:
+    """Collect our own dead children so they do not linger as zombies."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _signal(pid: int, root: str, sig: signal.Signals) -> None:
+    # Re-check the marker right before signalling: the PID may have been reused.
+    marker = _marker(pid)
+    if marker is None or not _under(marker, root):
+        return
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def kill_ray_session(root: str, *, grace_s: float = 3.0) -> list[int]:
+    """Stop every process of the Ray session(s) under `root`: SIGTERM, then SIGKILL.
+
+    Returns the PIDs that were still alive when called (empty when Ray had exited cleanly).
+    """
+    pids = session_pids(root)
+    if not pids:
+        return []
+    logger.info("stopping %d Ray processes of session %s: %s", len(pids), root, pids)
+    for pid in pids:
+        _signal(pid, root, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for pid in pids:
+            _reap(pid)
+        if not any(_alive(pid) for pid in pids):
+            break
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            logger.warning("Ray process %d ignored SIGTERM; sending SIGKILL", pid)
+            _signal(pid, root, signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        for pid in pids:
+            _reap(pid)
+        time.sleep(0.05)
+    return pids
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Kill the Ray sessions under each ROOT given; exit 2 on bad usage."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        sys.stderr.write("usage: python -m eventlog.dataplane.raysession ROOT [ROOT...]\n")
+        return 2
+    for root in args:
+        killed = kill_ray_session(root)
+        sys.stdout.write(f"{root}: stopped {len(killed)} Ray processes {killed}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

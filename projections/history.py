@@ -1,0 +1,93 @@
+"""Which records count: rolled-back ranges, effective checkpoints and rebuilding the state.
+
+A restore to checkpoint C appends `RestoreStarted(rolled_back_from_seq=C+1)`; every record from
+there up to the RestoreStarted record itself is rolled back: kept for audits, skipped by every
+rebuild. The end of the range is the RestoreStarted record's own seq, not a number inside it,
+so a record that slipped in while the restore was starting is rolled back too. Ranges of later
+restores may cover earlier ones; only their union matters.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from eventlog.events import CheckpointCommitted, Event, RestoreStarted
+from projections.siblings import LedgerState, fold
+
+
+class RecordLike(Protocol):
+    """What the fold needs of a stored record: its position and its event."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def event(self) -> Event: ...
+
+
+class RolledBack:
+    """A set of seq ranges (inclusive), merged; membership is a binary search."""
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        merged: list[tuple[int, int]] = []
+        for low, high in sorted(r for r in ranges if r[0] <= r[1]):
+            if merged and low <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+            else:
+                merged.append((low, high))
+        self.ranges: tuple[tuple[int, int], ...] = tuple(merged)
+        self._lows = [low for low, _ in merged]
+
+    def __contains__(self, seq: object) -> bool:
+        if not isinstance(seq, int):
+            return False
+        at = bisect.bisect_right(self._lows, seq) - 1
+        return at >= 0 and seq <= self.ranges[at][1]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def __repr__(self) -> str:
+        return f"RolledBack({list(self.ranges)})"
+
+
+def rolled_back(controller_records: Iterable[RecordLike]) -> RolledBack:
+    """The rolled-back ranges marked by the RestoreStarted records of the controller stream."""
+    ranges = []
+    for rec in controller_records:
+        if isinstance(rec.event, RestoreStarted):
+            ranges.append((rec.event.rolled_back_from_seq, rec.seq - 1))
+    return RolledBack(ranges)
+
+
+def effective(records: Iterable[RecordLike], skipped: RolledBack) -> Iterator[RecordLike]:
+    """The records that count: every record outside the rolled-back ranges."""
+    if not skipped:
+        yield from records
+        return
+    for rec in records:
+        if rec.seq not in skipped:
+            yield rec
+
+
+def effective_checkpoints(
+    controller_records: Iterable[RecordLike], skipped: RolledBack
+) -> list[tuple[int, CheckpointCommitted]]:
+    """Checkpoints a restore may go back to, oldest first, as (seq, event)."""
+    return [
+        (rec.seq, rec.event)
+        for rec in effective(controller_records, skipped)
+        if isinstance(rec.event, CheckpointCommitted)
+    ]
+
+
+def rebuild(
+    records: Iterable[RecordLike], skipped: RolledBack, state: LedgerState | None = None
+) -> LedgerState:
+    """Fold the effective records into `state` (a fresh one when None) and return it."""
+    state = LedgerState() if state is None else state
+    for rec in effective(records, skipped):
+        fold(state, rec.event)
+    return state

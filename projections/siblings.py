@@ -1,0 +1,677 @@
+"""Per-group sibling/attempt state: the recovery ledger's state, folded from the log.
+
+`fold(state, event)` is the only way this state changes, live and on rebuild alike. It enforces
+every rule of the ledger (design §5) and raises `RuleViolation` on an event that breaks one, so a
+hand-edited or out-of-order log cannot fold into a state the ledger would never have produced.
+The fold updates the container it is given (so a rebuild over 10^8 records does not copy a
+1000-group dict per record) and changes it only once an event is known to be valid; take
+`state.copy()` first to try events out. Group, sibling and attempt values are immutable.
+
+A finalized group leaves the ledger and becomes a replay entry, owned by the replay buffer until
+it is consumed by a train step or evicted; both are addressed by group id only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable
+from typing import Literal, TypedDict
+
+import msgspec
+
+from eventlog.events import (
+    AttemptFailed,
+    AttemptRef,
+    Event,
+    FinalizationStarted,
+    FinalizationUnknown,
+    Granularity,
+    GroupAbandoned,
+    GroupAdmitted,
+    GroupDiscarded,
+    GroupFinalized,
+    GroupReserved,
+    GroupSealed,
+    PromptRef,
+    Receipt,
+    ReplayConsumed,
+    ReplayEvicted,
+    ReplayReleased,
+    ReplaySelected,
+    RetryPrepared,
+    SealResult,
+    SiblingsDispatched,
+    SiblingSealed,
+    UnsealedAbandoned,
+    logical_id,
+    rollout_id_for,
+)
+
+AttemptStatus = Literal["reserved", "dispatched", "sealed", "failed", "abandoned"]
+GroupStatus = Literal["generating", "ready_to_finalize", "finalizing", "finalization_unknown"]
+Phase = Literal["reserved", "admitted"]
+ReplayStatus = Literal["ready", "selected"]
+
+
+class _Where(TypedDict, total=False):
+    group_id: str
+    generation_index: int
+    attempt: int
+
+
+class RuleViolation(ValueError):
+    """An event (or a command's would-be event) breaks a ledger rule."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group_id: str | None = None,
+        generation_index: int | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.generation_index = generation_index
+        self.attempt = attempt
+        where = []
+        if group_id is not None:
+            where.append(f"group {group_id!r}")
+        if generation_index is not None:
+            where.append(f"sibling {generation_index}")
+        if attempt is not None:
+            where.append(f"attempt {attempt}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
+    """One physical run of a sibling; only a sealed attempt carries a result."""
+
+    attempt: int
+    rollout_id: str
+    status: AttemptStatus
+    receipt: Receipt | None = None
+    reward: float | None = None
+    mask_sample: bool | None = None
+
+    @property
+    def staging_keys(self) -> tuple[str, ...]:
+        """The rows this attempt owns: those of its receipt, while it is sealed."""
+        if self.status != "sealed" or self.receipt is None:
+            return ()
+        return tuple(self.receipt.staging_keys)
+
+
+class SiblingState(msgspec.Struct, frozen=True, kw_only=True):
+    """One generation slot; its attempts in order, the last one current."""
+
+    generation_index: int
+    attempts: tuple[AttemptState, ...]
+
+    @property
+    def current(self) -> AttemptState:
+        return self.attempts[-1]
+
+
+class GroupState(msgspec.Struct, frozen=True, kw_only=True):
+    """One prompt group as the ledger owns it, from reservation until it is finalized."""
+
+    group_id: str
+    admission_id: str
+    prompt_ref: PromptRef
+    prompt_id: str
+    prompt_hash: str | None
+    agent_name: str | None
+    granularity: Granularity
+    expected_generations: int
+    target_step: int | None
+    start_weight_version: int
+    phase: Phase
+    status: GroupStatus
+    siblings: tuple[SiblingState, ...]
+    finalization_owner: str | None = None
+
+    def indices(self, *statuses: AttemptStatus) -> list[int]:
+        """Generation indices whose current attempt has one of `statuses`."""
+        return [s.generation_index for s in self.siblings if s.current.status in statuses]
+
+    def staging_keys(self) -> list[str]:
+        """Staging keys owned by the group's sealed current attempts, in sibling order."""
+        return [key for s in self.siblings for key in s.current.staging_keys]
+
+
+class ReplayEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A finalized group the replay buffer owns until it trains (consumed) or is evicted."""
+
+    group_id: str
+    prompt_id: str
+    target_step: int | None
+    canonical_row_ids: tuple[str, ...]
+    min_weight_version: int | None
+    status: ReplayStatus = "ready"
+    selected_step: int | None = None
+
+
+class LedgerState(msgspec.Struct, kw_only=True):
+    """Everything the ledger owns; serializable for snapshots, with a stable digest."""
+
+    groups: dict[str, GroupState] = msgspec.field(default_factory=dict)
+    admissions: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    replay: dict[str, ReplayEntry] = msgspec.field(default_factory=dict)
+
+    def copy(self) -> LedgerState:
+        """A container that can be folded into without touching this one (values are shared)."""
+        return LedgerState(
+            groups=dict(self.groups), admissions=dict(self.admissions), replay=dict(self.replay)
+        )
+
+    def group(self, group_id: str) -> GroupState:
+        found = self.groups.get(group_id)
+        if found is None:
+            where = " (finalized: the replay buffer owns it)" if group_id in self.replay else ""
+            raise RuleViolation(f"not in the ledger{where}", group_id=group_id)
+        return found
+
+
+_ENCODER = msgspec.msgpack.Encoder(order="sorted")
+_DECODER = msgspec.msgpack.Decoder(LedgerState)
+
+
+def encode_state(state: LedgerState) -> bytes:
+    """Canonical bytes of a state (map keys sorted): snapshot payload and digest input."""
+    return _ENCODER.encode(state)
+
+
+def decode_state(payload: bytes) -> LedgerState:
+    """A state from `encode_state` bytes (validated against the types above)."""
+    return _DECODER.decode(payload)
+
+
+def state_digest(state: LedgerState) -> str:
+    """sha256 of the canonical bytes: equal states have equal digests, in any process."""
+    return hashlib.sha256(encode_state(state)).hexdigest()
+
+
+# -- the fold ---------------------------------------------------------------------------------
+
+
+def fold(state: LedgerState, event: Event) -> LedgerState:
+    """Apply one event; events outside the ledger's vocabulary leave the state as it is."""
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, event)
+    return state
+
+
+def fold_all(state: LedgerState, events: Iterable[Event]) -> LedgerState:
+    for event in events:
+        fold(state, event)
+    return state
+
+
+def _replace_sibling(group: GroupState, sibling: SiblingState) -> GroupState:
+    siblings = list(group.siblings)
+    siblings[sibling.generation_index] = sibling
+    return msgspec.structs.replace(group, siblings=tuple(siblings))
+
+
+def _with_current(sibling: SiblingState, attempt: AttemptState) -> SiblingState:
+    return SiblingState(
+        generation_index=sibling.generation_index, attempts=(*sibling.attempts[:-1], attempt)
+    )
+
+
+def _sibling(group: GroupState, index: int) -> SiblingState:
+    if not 0 <= index < group.expected_generations:
+        raise RuleViolation(
+            f"no such sibling (the group has {group.expected_generations})",
+            group_id=group.group_id,
+            generation_index=index,
+        )
+    return group.siblings[index]
+
+
+def _current(group: GroupState, ref: AttemptRef, *allowed: AttemptStatus) -> AttemptState:
+    """The sibling's current attempt, checked to be exactly `ref` and in an allowed status."""
+    sibling = _sibling(group, ref.generation_index)
+    current = sibling.current
+    where: _Where = {"group_id": group.group_id, "generation_index": ref.generation_index}
+    if ref.attempt != current.attempt or ref.rollout_id != current.rollout_id:
+        raise RuleViolation(
+            f"names attempt {ref.attempt} ({ref.rollout_id!r}) but the current attempt is "
+            f"{current.attempt} ({current.rollout_id!r})",
+            **where,
+        )
+    if current.status not in allowed:
+        raise RuleViolation(
+            f"attempt {current.attempt} is {current.status}, expected {' or '.join(allowed)}",
+            **where,
+        )
+    return current
+
+
+def _require(group: GroupState, *, status: tuple[GroupStatus, ...], action: str) -> None:
+    if group.status not in status:
+        raise RuleViolation(
+            f"cannot {action} while the group is {group.status} (expected {' or '.join(status)})",
+            group_id=group.group_id,
+        )
+
+
+def _require_granularity(group: GroupState, granularity: Granularity, action: str) -> None:
+    if group.granularity != granularity:
+        hint = (
+            "seal every sibling at once with seal_group"
+            if granularity == "sibling"
+            else "seal siblings one by one with seal_sibling"
+        )
+        raise RuleViolation(
+            f"cannot {action}: the group's granularity is {group.granularity} ({hint})",
+            group_id=group.group_id,
+        )
+
+
+def _unique_indices(group: GroupState, indices: list[int], what: str, *, every: bool) -> None:
+    if not indices:
+        raise RuleViolation(f"{what} names no sibling", group_id=group.group_id)
+    if len(set(indices)) != len(indices):
+        raise RuleViolation(f"{what} names a sibling twice: {indices}", group_id=group.group_id)
+    if every and sorted(indices) != list(range(group.expected_generations)):
+        raise RuleViolation(
+            f"{what} must name every sibling 0..{group.expected_generations - 1} "
+            f"(granularity prompt_group), found {sorted(indices)}",
+            group_id=group.group_id,
+        )
+
+
+def _on_reserved(state: LedgerState, ev: GroupReserved) -> None:
+    gid = ev.group_id
+    if gid in state.groups:
+        raise RuleViolation("is already reserved", group_id=gid)
+    if gid in state.replay:
+        raise RuleViolation("is already finalized; a group id is used once", group_id=gid)
+    phase: Phase = "admitted" if ev.admitted else "reserved"
+    members = state.admissions.get(ev.admission_id, ())
+    if members:
+        other = state.groups[members[0]]
+        if (other.phase, other.target_step) != (phase, ev.target_step):
+            raise RuleViolation(
+                f"admission {ev.admission_id!r} is ({other.phase}, target_step="
+                f"{other.target_step}) in group {other.group_id!r}, this group would be "
+                f"({phase}, target_step={ev.target_step}): groups of one admission must agree",
+                group_id=gid,
+            )
+    siblings = tuple(
+        SiblingState(
+            generation_index=i,
+            attempts=(
+                AttemptState(attempt=0, rollout_id=rollout_id_for(gid, i, 0), status="reserved"),
+            ),
+        )
+        for i in range(ev.expected_generations)
+    )
+    state.groups[gid] = GroupState(
+        group_id=gid,
+        admission_id=ev.admission_id,
+        prompt_ref=ev.prompt_ref,
+        prompt_id=ev.prompt_id,
+        prompt_hash=ev.prompt_hash,
+        agent_name=ev.agent_name,
+        granularity=ev.granularity,
+        expected_generations=ev.expected_generations,
+        target_step=ev.target_step,
+        start_weight_version=ev.start_weight_version,
+        phase=phase,
+        status="generating",
+        siblings=siblings,
+    )
+    state.admissions[ev.admission_id] = (*members, gid)
+
+
+def _on_admitted(state: LedgerState, ev: GroupAdmitted) -> None:
+    group = state.group(ev.group_id)
+    if group.phase != "reserved":
+        raise RuleViolation("is already admitted; admission happens once", group_id=group.group_id)
+    if ev.admission_id != group.admission_id:
+        raise RuleViolation(
+            f"belongs to admission {group.admission_id!r}, not {ev.admission_id!r}",
+            group_id=group.group_id,
+        )
+    for member in state.admissions.get(group.admission_id, ()):
+        other = state.groups[member]
+        if other.phase == "admitted" and other.target_step != ev.target_step:
+            raise RuleViolation(
+                f"admission {group.admission_id!r} already stamped group {member!r} with "
+                f"target_step={other.target_step}, not {ev.target_step}",
+                group_id=group.group_id,
+            )
+    state.groups[group.group_id] = msgspec.structs.replace(
+        group,
+        phase="admitted",
+        target_step=ev.target_step,
+        start_weight_version=ev.start_weight_version,
+    )
+
+
+def _on_dispatched(state: LedgerState, ev: SiblingsDispatched) -> None:
+    group = state.group(ev.group_id)
+    if group.phase != "admitted":
+        raise RuleViolation("cannot dispatch before admission", group_id=group.group_id)
+    _require(group, status=("generating",), action="dispatch")
+    indices = [ref.generation_index for ref in ev.attempts]
+    _unique_indices(group, indices, "dispatch", every=group.granularity == "prompt_group")
+    for ref in ev.attempts:
+        current = _current(group, ref, "reserved")
+        sibling = group.siblings[ref.generation_index]
+        group = _replace_sibling(
+            group, _with_current(sibling, msgspec.structs.replace(current, status="dispatched"))
+        )
+    state.groups[group.group_id] = group
+
+
+def _on_failed(state: LedgerState, ev: AttemptFailed) -> None:
+    group = state.group(ev.group_id)
+    _require(group, status=("generating",), action="record a failed attempt")
+    ref = AttemptRef(
+        generation_index=ev.generation_index, attempt=ev.attempt, rollout_id=ev.rollout_id
+    )
+    current = _current(group, ref, "dispatched")
+    sibling = group.siblings[ev.generation_index]
+    state.groups[group.group_id] = _replace_sibling(
+        group, _with_current(sibling, msgspec.structs.replace(current, status="failed"))
+    )
+
+
+def _sealed(group: GroupState, result: SealResult) -> SiblingState:
+    ref = AttemptRef(
+        generation_index=result.generation_index,
+        attempt=result.attempt,
+        rollout_id=result.rollout_id,
+    )
+    current = _current(group, ref, "dispatched")
+    where: _Where = {
+        "group_id": group.group_id,
+        "generation_index": result.generation_index,
+        "attempt": result.attempt,
+    }
+    if result.receipt is not None:
+        if result.receipt.rollout_id != result.rollout_id:
+            raise RuleViolation(
+                f"receipt names rollout {result.receipt.rollout_id!r}, expected "
+                f"{result.rollout_id!r}",
+                **where,
+            )
+        keys = result.receipt.staging_keys
+        if len(set(keys)) != len(keys):
+            raise RuleViolation(f"receipt lists a staging key twice: {keys}", **where)
+    if isinstance(result.reward, bool) or not math.isfinite(result.reward):
+        raise RuleViolation(f"reward must be a finite number, found {result.reward!r}", **where)
+    if not isinstance(result.mask_sample, bool):
+        raise RuleViolation(f"mask_sample must be a bool, found {result.mask_sample!r}", **where)
+    sealed = AttemptState(
+        attempt=current.attempt,
+        rollout_id=current.rollout_id,
+        status="sealed",
+        receipt=result.receipt,
+        reward=float(result.reward),
+        mask_sample=result.mask_sample,
+    )
+    return _with_current(group.siblings[result.generation_index], sealed)
+
+
+def _ready_if_complete(group: GroupState) -> GroupState:
+    if all(s.current.status == "sealed" for s in group.siblings):
+        return msgspec.structs.replace(group, status="ready_to_finalize")
+    return group
+
+
+def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
+    group = state.group(ev.group_id)
+    _require_granularity(group, "sibling", "seal one sibling")
+    _require(group, status=("generating",), action="seal")
+    result = SealResult(
+        generation_index=ev.generation_index,
+        attempt=ev.attempt,
+        rollout_id=ev.rollout_id,
+        receipt=ev.receipt,
+        reward=ev.reward,
+        mask_sample=ev.mask_sample,
+    )
+    _sibling(group, ev.generation_index)
+    group = _replace_sibling(group, _sealed(group, result))
+    state.groups[group.group_id] = _ready_if_complete(group)
+
+
+def _on_group_sealed(state: LedgerState, ev: GroupSealed) -> None:
+    group = state.group(ev.group_id)
+    _require_granularity(group, "prompt_group", "seal the whole group")
+    _require(group, status=("generating",), action="seal")
+    _unique_indices(group, [r.generation_index for r in ev.results], "GroupSealed", every=True)
+    attempts = {r.attempt for r in ev.results}
+    if len(attempts) != 1:
+        raise RuleViolation(
+            f"GroupSealed mixes attempts {sorted(attempts)}; every sibling must come from the "
+            "same attempt",
+            group_id=group.group_id,
+        )
+    updated = group
+    for result in ev.results:  # validated against the unchanged group: all or nothing
+        updated = _replace_sibling(updated, _sealed(group, result))
+    state.groups[group.group_id] = _ready_if_complete(updated)
+
+
+def _abandon(group: GroupState, refs: list[AttemptRef], *allowed: AttemptStatus) -> GroupState:
+    updated = group
+    for ref in refs:
+        current = _current(group, ref, *allowed)
+        abandoned = AttemptState(
+            attempt=current.attempt, rollout_id=current.rollout_id, status="abandoned"
+        )
+        updated = _replace_sibling(
+            updated, _with_current(group.siblings[ref.generation_index], abandoned)
+        )
+    return updated
+
+
+def _on_unsealed_abandoned(state: LedgerState, ev: UnsealedAbandoned) -> None:
+    group = state.group(ev.group_id)
+    _require_granularity(group, "sibling", "abandon single siblings")
+    _require(group, status=("generating",), action="abandon")
+    _unique_indices(
+        group, [r.generation_index for r in ev.attempts], "UnsealedAbandoned", every=False
+    )
+    state.groups[group.group_id] = _abandon(group, ev.attempts, "reserved", "dispatched", "failed")
+
+
+def _on_group_abandoned(state: LedgerState, ev: GroupAbandoned) -> None:
+    group = state.group(ev.group_id)
+    _require_granularity(group, "prompt_group", "abandon the whole group")
+    _require(group, status=("generating",), action="abandon")
+    _unique_indices(group, [r.generation_index for r in ev.attempts], "GroupAbandoned", every=True)
+    state.groups[group.group_id] = _abandon(
+        group, ev.attempts, "reserved", "dispatched", "failed", "abandoned"
+    )
+
+
+def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
+    group = state.group(ev.group_id)
+    _require(group, status=("generating",), action="prepare a retry")
+    indices = [r.generation_index for r in ev.attempts]
+    _unique_indices(group, indices, "RetryPrepared", every=group.granularity == "prompt_group")
+    updated = group
+    for ref in ev.attempts:
+        sibling = _sibling(group, ref.generation_index)
+        current = sibling.current
+        where: _Where = {"group_id": group.group_id, "generation_index": ref.generation_index}
+        if current.status not in ("failed", "abandoned"):
+            raise RuleViolation(
+                f"cannot retry from attempt {current.attempt} while it is {current.status} "
+                "(only a failed or abandoned attempt is retried)",
+                **where,
+            )
+        expected = rollout_id_for(group.group_id, ref.generation_index, current.attempt + 1)
+        if ref.attempt != current.attempt + 1 or ref.rollout_id != expected:
+            raise RuleViolation(
+                f"the next attempt is {current.attempt + 1} ({expected!r}), found "
+                f"{ref.attempt} ({ref.rollout_id!r})",
+                **where,
+            )
+        fresh = AttemptState(attempt=ref.attempt, rollout_id=ref.rollout_id, status="reserved")
+        updated = _replace_sibling(
+            updated,
+            SiblingState(
+                generation_index=ref.generation_index, attempts=(*sibling.attempts, fresh)
+            ),
+        )
+    state.groups[group.group_id] = updated
+
+
+def _on_finalization_started(state: LedgerState, ev: FinalizationStarted) -> None:
+    group = state.group(ev.group_id)
+    if group.status == "finalizing":
+        raise RuleViolation(
+            f"is already being finalized by {group.finalization_owner!r}", group_id=group.group_id
+        )
+    _require(group, status=("ready_to_finalize",), action="start finalization")
+    if group.phase != "admitted":
+        raise RuleViolation("cannot finalize before admission", group_id=group.group_id)
+    state.groups[group.group_id] = msgspec.structs.replace(
+        group, status="finalizing", finalization_owner=ev.owner
+    )
+
+
+def _check_owner(group: GroupState, owner: str) -> None:
+    if group.finalization_owner != owner:
+        raise RuleViolation(
+            f"finalization is owned by {group.finalization_owner!r}, not {owner!r}",
+            group_id=group.group_id,
+        )
+
+
+def _leave(state: LedgerState, group: GroupState) -> None:
+    del state.groups[group.group_id]
+    members = tuple(g for g in state.admissions.get(group.admission_id, ()) if g != group.group_id)
+    if members:
+        state.admissions[group.admission_id] = members
+    else:
+        state.admissions.pop(group.admission_id, None)
+
+
+def _on_finalized(state: LedgerState, ev: GroupFinalized) -> None:
+    group = state.group(ev.group_id)
+    _require(group, status=("finalizing",), action="finalize")
+    _check_owner(group, ev.owner)
+    canonical = [logical_id(group.group_id, i) for i in range(group.expected_generations)]
+    if list(ev.canonical_row_ids) != canonical:
+        raise RuleViolation(
+            f"canonical rows must be {canonical}, found {list(ev.canonical_row_ids)}",
+            group_id=group.group_id,
+        )
+    if (ev.prompt_id, ev.target_step) != (group.prompt_id, group.target_step):
+        raise RuleViolation(
+            f"finalized as prompt {ev.prompt_id!r} for step {ev.target_step}, but the group is "
+            f"prompt {group.prompt_id!r} for step {group.target_step}",
+            group_id=group.group_id,
+        )
+    _leave(state, group)
+    state.replay[group.group_id] = ReplayEntry(
+        group_id=group.group_id,
+        prompt_id=group.prompt_id,
+        target_step=group.target_step,
+        canonical_row_ids=tuple(canonical),
+        min_weight_version=ev.min_weight_version,
+    )
+
+
+def _on_finalization_unknown(state: LedgerState, ev: FinalizationUnknown) -> None:
+    group = state.group(ev.group_id)
+    _require(group, status=("finalizing",), action="mark finalization unknown")
+    _check_owner(group, ev.owner)
+    state.groups[group.group_id] = msgspec.structs.replace(group, status="finalization_unknown")
+
+
+def _on_discarded(state: LedgerState, ev: GroupDiscarded) -> None:
+    group = state.group(ev.group_id)
+    if group.status == "finalizing":
+        raise RuleViolation(
+            f"cannot discard while {group.finalization_owner!r} is finalizing it",
+            group_id=group.group_id,
+        )
+    owned = group.staging_keys()
+    if sorted(ev.staging_keys) != sorted(owned):
+        raise RuleViolation(
+            f"GroupDiscarded must clear exactly the keys the group owns {owned}, "
+            f"found {list(ev.staging_keys)}",
+            group_id=group.group_id,
+        )
+    _leave(state, group)
+
+
+def _replay_entries(
+    state: LedgerState, group_ids: list[str], status: ReplayStatus, action: str
+) -> list[ReplayEntry]:
+    if not group_ids:
+        raise RuleViolation(f"{action} names no group")
+    if len(set(group_ids)) != len(group_ids):
+        raise RuleViolation(f"{action} names a group twice: {group_ids}")
+    entries = []
+    for gid in group_ids:
+        entry = state.replay.get(gid)
+        if entry is None:
+            raise RuleViolation(f"cannot {action}: the replay buffer does not own it", group_id=gid)
+        if entry.status != status:
+            raise RuleViolation(f"cannot {action} while it is {entry.status}", group_id=gid)
+        entries.append(entry)
+    return entries
+
+
+def _on_replay_selected(state: LedgerState, ev: ReplaySelected) -> None:
+    for entry in _replay_entries(state, ev.group_ids, "ready", "select"):
+        state.replay[entry.group_id] = msgspec.structs.replace(
+            entry, status="selected", selected_step=ev.step
+        )
+
+
+def _on_replay_released(state: LedgerState, ev: ReplayReleased) -> None:
+    for entry in _replay_entries(state, ev.group_ids, "selected", "release"):
+        state.replay[entry.group_id] = msgspec.structs.replace(
+            entry, status="ready", selected_step=None
+        )
+
+
+def _on_replay_consumed(state: LedgerState, ev: ReplayConsumed) -> None:
+    entries = _replay_entries(state, ev.group_ids, "selected", "consume")
+    for entry in entries:
+        if entry.selected_step != ev.step:
+            raise RuleViolation(
+                f"was selected for step {entry.selected_step}, not consumed by step {ev.step}",
+                group_id=entry.group_id,
+            )
+    for entry in entries:
+        del state.replay[entry.group_id]
+
+
+def _on_replay_evicted(state: LedgerState, ev: ReplayEvicted) -> None:
+    for entry in _replay_entries(state, ev.group_ids, "ready", "evict"):
+        del state.replay[entry.group_id]
+
+
+_HANDLERS: dict[type[Event], Callable[[LedgerState, Event], None]] = {
+    GroupReserved: _on_reserved,  # type: ignore[dict-item]
+    GroupAdmitted: _on_admitted,  # type: ignore[dict-item]
+    SiblingsDispatched: _on_dispatched,  # type: ignore[dict-item]
+    AttemptFailed: _on_failed,  # type: ignore[dict-item]
+    SiblingSealed: _on_sibling_sealed,  # type: ignore[dict-item]
+    GroupSealed: _on_group_sealed,  # type: ignore[dict-item]
+    UnsealedAbandoned: _on_unsealed_abandoned,  # type: ignore[dict-item]
+    GroupAbandoned: _on_group_abandoned,  # type: ignore[dict-item]
+    RetryPrepared: _on_retry,  # type: ignore[dict-item]
+    FinalizationStarted: _on_finalization_started,  # type: ignore[dict-item]
+    GroupFinalized: _on_finalized,  # type: ignore[dict-item]
+    FinalizationUnknown: _on_finalization_unknown,  # type: ignore[dict-item]
+    GroupDiscarded: _on_discarded,  # type: ignore[dict-item]
+    ReplaySelected: _on_replay_selected,  # type: ignore[dict-item]
+    ReplayReleased: _on_replay_released,  # type: ignore[dict-item]
+    ReplayConsumed: _on_replay_consumed,  # type: ignore[dict-item]
+    ReplayEvicted: _on_replay_evicted,  # type: ignore[dict-item]
+}

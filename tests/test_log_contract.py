@@ -1,0 +1,443 @@
+"""The log's contract, run against every backend (SQLite file, real PostgreSQL server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from eventlog import (
+    ANY,
+    NO_STREAM,
+    AppendRequest,
+    ConcurrencyError,
+    DuplicateEventError,
+    EventLog,
+    InvalidEventError,
+    LogRevisionError,
+    Proposed,
+)
+from eventlog.log import resolve_url
+from eventlog.store import migrate
+from eventlog.store.postgres import LOCK_KEY
+from tests.vocabulary import LogNote
+
+
+@pytest.fixture
+def log(log_target: str) -> Iterator[EventLog]:
+    with EventLog.open(log_target) as opened:
+        yield opened
+
+
+def notes(*texts: str) -> list[LogNote]:
+    return [LogNote(text=t) for t in texts]
+
+
+def raw_engine(target: str) -> sa.Engine:
+    return sa.create_engine(resolve_url(target))
+
+
+@contextlib.contextmanager
+def write_lock_held(target: str) -> Iterator[None]:
+    """Hold the log's write lock from outside, the way another writer process would."""
+    url = resolve_url(target)
+    if url.get_backend_name() == "sqlite":
+        conn = sqlite3.connect(url.database or "", isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+            conn.close()
+    else:
+        engine = raw_engine(target)
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock({LOCK_KEY})")
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({LOCK_KEY})")
+                conn.commit()
+        engine.dispose()
+
+
+# -- append and read ---------------------------------------------------------------------
+
+
+def test_append_assigns_gapless_seqs_and_per_stream_versions(log: EventLog) -> None:
+    first = log.append("a", notes("1", "2"), NO_STREAM)
+    second = log.append("b", notes("3"), NO_STREAM)
+    third = log.append("a", notes("4"), 1)
+    assert (first.seqs, first.versions) == ([1, 2], [0, 1])
+    assert (second.seqs, second.versions) == ([3], [0])
+    assert (third.seqs, third.versions) == ([4], [2])
+    assert log.head() == 4
+    assert [(r.seq, r.stream, r.version, r.event) for r in log.read()] == [
+        (1, "a", 0, LogNote(text="1")),
+        (2, "a", 1, LogNote(text="2")),
+        (3, "b", 0, LogNote(text="3")),
+        (4, "a", 2, LogNote(text="4")),
+    ]
+    assert [r.event.text for r in log.read_stream("a")] == ["1", "2", "4"]  # type: ignore[attr-defined]
+    assert log.stream_version("a") == 2
+    assert log.stream_version("missing") is None
+
+
+def test_read_filters_by_range_stream_and_type(log: EventLog) -> None:
+    for i in range(30):
+        log.append(f"s{i % 3}", notes(str(i)))
+    assert [r.seq for r in log.read(from_seq=5, until_seq=9)] == [5, 6, 7, 8, 9]
+    assert [r.seq for r in log.read(streams=["s1"])] == list(range(2, 31, 3))
+    assert list(log.read(types=["Unknown"])) == []
+    assert len(list(log.read(types=["LogNote"]))) == 30
+
+
+def test_read_pages_through_more_records_than_one_page(log: EventLog) -> None:
+    log.append("big", [LogNote(text="x", n=i) for i in range(2500)])
+    seen = [r.event.n for r in log.read()]  # type: ignore[attr-defined]
+    assert seen == list(range(2500))
+    assert [r.version for r in log.read_stream("big", from_version=2400)] == list(
+        range(2400, 2500)
+    )
+
+
+# -- concurrency control -----------------------------------------------------------------
+
+
+def test_expected_version_mismatch_names_stream_expected_and_actual_and_writes_nothing(
+    log: EventLog,
+) -> None:
+    log.append("g", notes("a", "b"), NO_STREAM)
+    with pytest.raises(ConcurrencyError) as caught:
+        log.append("g", notes("c"), 0)
+    assert (caught.value.stream, caught.value.actual) == ("g", 1)
+    assert "'g'" in str(caught.value) and "version 0" in str(caught.value)
+    with pytest.raises(ConcurrencyError, match="no stream"):
+        log.append("g", notes("c"), NO_STREAM)
+    with pytest.raises(ConcurrencyError, match="found no stream"):
+        log.append("fresh", notes("c"), 0)
+    assert log.head() == 2
+    assert log.append("g", notes("c"), ANY).versions == [2]
+
+
+def test_failing_request_in_a_batch_leaves_nothing(log: EventLog) -> None:
+    log.append("taken", notes("x"), NO_STREAM)
+    with pytest.raises(ConcurrencyError):
+        log.append_batch(
+            [
+                AppendRequest("new", notes("1", "2"), NO_STREAM),
+                AppendRequest("taken", notes("3"), NO_STREAM),
+            ]
+        )
+    assert log.head() == 1
+    assert log.stream_version("new") is None
+
+
+def test_invalid_items_are_rejected_before_anything_is_written(log: EventLog) -> None:
+    with pytest.raises(InvalidEventError, match="item 1 is a dict"):
+        log.append("s", [LogNote(text="ok"), {"text": "not an event"}])  # type: ignore[list-item]
+    with pytest.raises(InvalidEventError, match="stream must be"):
+        log.append("", notes("x"))
+    with pytest.raises(InvalidEventError, match="expected_version"):
+        log.append("s", notes("x"), -1)
+    assert log.head() == 0
+
+
+# -- idempotency -------------------------------------------------------------------------
+
+
+def test_retry_with_same_ids_and_content_returns_original_positions(log: EventLog) -> None:
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    proposed = [Proposed(LogNote(text=t), i) for t, i in zip("ab", ids, strict=True)]
+    first = log.append("r", proposed, NO_STREAM)
+    log.append("other", notes("between"))
+    again = log.append("r", proposed, NO_STREAM)  # expected version no longer holds: a retry
+    assert again.seqs == first.seqs == [1, 2]
+    assert again.event_ids == ids
+    assert log.head() == 3
+
+
+def test_same_event_id_with_different_content_is_a_duplicate_error(log: EventLog) -> None:
+    event_id = uuid.uuid4()
+    log.append("d", [Proposed(LogNote(text="original"), event_id)])
+    with pytest.raises(DuplicateEventError) as caught:
+        log.append("d", [Proposed(LogNote(text="changed"), event_id)])
+    assert caught.value.seq == 1 and str(event_id) in str(caught.value)
+    with pytest.raises(DuplicateEventError):
+        log.append("elsewhere", [Proposed(LogNote(text="original"), event_id)])
+    assert log.head() == 1
+
+
+# -- group commit ------------------------------------------------------------------------
+
+
+def test_concurrent_appenders_share_commits_and_a_bad_one_fails_alone(
+    log: EventLog, log_target: str
+) -> None:
+    log.append("conflict", notes("x"), NO_STREAM)
+    results: dict[int, object] = {}
+
+    def appender(i: int) -> None:
+        try:
+            if i == 7:
+                log.append("conflict", notes("bad"), NO_STREAM)
+            else:
+                results[i] = log.append(f"t{i}", notes(str(i)), NO_STREAM)
+        except ConcurrencyError as exc:
+            results[i] = exc
+
+    commits_before = log.commits
+    with write_lock_held(log_target):
+        threads = [threading.Thread(target=appender, args=(i,)) for i in range(64)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)  # every appender queues behind the lock another writer holds
+    for thread in threads:
+        thread.join()
+    assert isinstance(results[7], ConcurrencyError)
+    landed = [i for i in range(64) if i != 7]
+    assert all(log.stream_version(f"t{i}") == 0 for i in landed)
+    assert log.head() == 64
+    assert log.commits - commits_before <= 3  # 63 appends, at most a few transactions
+    assert log.verify().ok
+
+
+def test_asyncio_appenders_each_get_their_own_result(log: EventLog, log_target: str) -> None:
+    async def main() -> list[object]:
+        async def one(i: int) -> object:
+            try:
+                expected = NO_STREAM if i % 10 else 5  # every tenth expects a version it lacks
+                return await log.append_async(f"a{i}", notes(str(i)), expected)
+            except ConcurrencyError as exc:
+                return exc
+
+        return await asyncio.gather(*(one(i) for i in range(50)))
+
+    outcomes = asyncio.run(main())
+    failed = [i for i, o in enumerate(outcomes) if isinstance(o, ConcurrencyError)]
+    assert failed == list(range(0, 50, 10))
+    assert log.head() == 45
+    assert sorted(o.seqs[0] for o in outcomes if not isinstance(o, Exception)) == list(  # type: ignore[attr-defined]
+        range(1, 46)
+    )
+
+
+# -- readers never skip ------------------------------------------------------------------
+
+
+def test_readers_tailing_concurrent_writers_never_see_a_hole(log_target: str) -> None:
+    backend = resolve_url(log_target).get_backend_name()
+    writers, per_writer = (8, 1250) if backend == "sqlite" else (5, 100)
+    total = writers * per_writer
+    with EventLog.open(log_target, durability="normal") as log:
+        stop = threading.Event()
+        holes: list[str] = []
+
+        def reader() -> None:
+            last = 0
+            while last < total and not stop.is_set():
+                for record in log.read_records(from_seq=last + 1):
+                    if record.seq != last + 1:
+                        holes.append(f"after seq {last} read seq {record.seq}")
+                        return
+                    last = record.seq
+
+        def writer(w: int) -> None:
+            for i in range(per_writer):
+                log.append(f"w{w}", [LogNote(text="x", n=i)])
+
+        readers = [threading.Thread(target=reader) for _ in range(2)]
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+        for thread in readers + threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for thread in readers:
+            thread.join(timeout=60)
+        stop.set()
+        assert holes == []
+        assert log.head() == total
+        assert all(log.stream_version(f"w{w}") == per_writer - 1 for w in range(writers))
+
+
+async def _collect(log: EventLog, count: int) -> list[int]:
+    seen: list[int] = []
+    async for record in log.subscribe(from_seq=1, poll_interval=0.2):
+        seen.append(record.seq)
+        if len(seen) == count:
+            break
+    return seen
+
+
+def test_subscribe_catches_up_then_follows_new_appends(log: EventLog) -> None:
+    log.append("s", notes("1", "2", "3"))
+
+    async def main() -> list[int]:
+        follower = asyncio.create_task(_collect(log, 6))
+        await asyncio.sleep(0.3)
+        for text in "456":
+            await log.append_async("s", notes(text))
+        return await asyncio.wait_for(follower, timeout=20)
+
+    assert asyncio.run(main()) == [1, 2, 3, 4, 5, 6]
+
+
+# -- several processes on one SQLite file ------------------------------------------------
+
+_CHILD = """
+import sys
+from eventlog import EventLog
+from tests.vocabulary import LogNote
+with EventLog.open(sys.argv[1]) as log:
+    for i in range(int(sys.argv[3])):
+        log.append(sys.argv[2], [LogNote(text="p", n=i)])
+"""
+
+
+def test_several_processes_append_to_one_sqlite_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.db")
+    EventLog.open(path).close()
+    root = Path(__file__).resolve().parents[1]
+    children = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, path, f"proc{p}", "150"], cwd=root)
+        for p in range(3)
+    ]
+    assert [child.wait(timeout=120) for child in children] == [0, 0, 0]
+    with EventLog.open(path) as log:
+        assert log.head() == 450
+        for p in range(3):
+            assert [r.event.n for r in log.read_stream(f"proc{p}")] == list(range(150))  # type: ignore[attr-defined]
+        assert log.verify().ok
+
+
+# -- tamper evidence ---------------------------------------------------------------------
+
+
+def _fill(target: str) -> None:
+    with EventLog.open(target) as log:
+        for i in range(10):
+            log.append(f"s{i % 2}", [LogNote(text=f"note {i}", n=i)])
+
+
+def _verify_first_bad(target: str) -> tuple[int | None, list[str]]:
+    with EventLog.open(target) as log:
+        report = log.verify()
+    return report.first_bad_seq, [p.kind for p in report.problems]
+
+
+def test_intact_log_verifies_and_reports_its_anchor(log: EventLog) -> None:
+    log.append("s", notes("a", "b"))
+    report = log.verify()
+    assert report.ok and report.records == 2 and report.head == 2
+    assert report.last_chain == log.tail_chain()[1].hex()
+
+
+def test_edited_payload_is_named_by_seq(log_target: str) -> None:
+    _fill(log_target)
+    with raw_engine(log_target).begin() as conn:
+        payload = conn.execute(sa.text("SELECT payload FROM events WHERE seq = 6")).scalar_one()
+        tampered = bytes(payload).replace(b"note 5", b"note X")
+        conn.execute(sa.text("UPDATE events SET payload = :p WHERE seq = 6"), {"p": tampered})
+    assert _verify_first_bad(log_target) == (6, ["chain"])
+
+
+def test_deleted_row_is_named_by_seq(log_target: str) -> None:
+    _fill(log_target)
+    with raw_engine(log_target).begin() as conn:
+        conn.execute(sa.text("DELETE FROM events WHERE seq = 4"))
+    first, kinds = _verify_first_bad(log_target)
+    assert first == 4 and kinds[0] == "gap"
+
+
+def test_swapped_rows_are_named_by_seq(log_target: str) -> None:
+    _fill(log_target)
+    with raw_engine(log_target).begin() as conn:
+        conn.execute(sa.text("UPDATE events SET seq = -1 WHERE seq = 3"))
+        conn.execute(sa.text("UPDATE events SET seq = 3 WHERE seq = 8"))
+        conn.execute(sa.text("UPDATE events SET seq = 8 WHERE seq = -1"))
+    first, kinds = _verify_first_bad(log_target)
+    assert first == 3 and "chain" in kinds
+
+
+# -- schema revisions --------------------------------------------------------------------
+
+
+def test_migrations_round_trip_down_to_base_and_up_again(log_target: str) -> None:
+    _fill(log_target)
+    engine = raw_engine(log_target)
+    head = migrate.head_revision(engine)
+    assert migrate.current_revision(engine) == head
+    migrate.downgrade(engine, "base")
+    assert migrate.current_revision(engine) is None
+    assert "events" not in sa.inspect(engine).get_table_names()
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == head
+    engine.dispose()
+    with EventLog.open(log_target) as log:
+        assert log.head() == 0
+        log.append("s", notes("after"))
+        log.save_snapshot("p", 1, b"state")
+        assert log.load_snapshot("p") == (1, b"state")
+
+
+def test_log_at_older_revision_is_refused_with_the_upgrade_command(log_target: str) -> None:
+    _fill(log_target)
+    engine = raw_engine(log_target)
+    migrate.downgrade(engine, "0001")
+    engine.dispose()
+    with pytest.raises(LogRevisionError) as caught:
+        EventLog.open(log_target)
+    assert "0001" in str(caught.value)
+    assert caught.value.hint is not None and "eventlog db upgrade" in caught.value.hint
+
+
+def test_log_at_newer_revision_is_refused(log_target: str) -> None:
+    _fill(log_target)
+    with raw_engine(log_target).begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'f00d'"))
+    with pytest.raises(LogRevisionError, match="newer than this eventlog"):
+        EventLog.open(log_target)
+
+
+def test_new_log_records_its_identity_and_hash_algorithm(log: EventLog) -> None:
+    info = log.info()
+    assert uuid.UUID(info["log_id"])
+    assert info["hash_algorithm"] == "sha256"
+    assert int(info["created_at_ns"]) > 0
+    assert info["head"] == "0"
+
+
+def test_missing_log_is_not_created_when_create_is_false(tmp_path: Path) -> None:
+    with pytest.raises(LogRevisionError, match="no eventlog log here"):
+        EventLog.open(tmp_path / "absent.db", create=False)
+
+
+# -- snapshots and durability modes ------------------------------------------------------
+
+
+def test_snapshots_are_found_at_or_before_a_seq(log: EventLog) -> None:
+    log.save_snapshot("siblings", 10, b"ten")
+    log.save_snapshot("siblings", 20, b"twenty")
+    assert log.load_snapshot("siblings") == (20, b"twenty")
+    assert log.load_snapshot("siblings", 15) == (10, b"ten")
+    assert log.load_snapshot("siblings", 5) is None
+    assert log.load_snapshot("other") is None
+
+
+def test_normal_durability_appends_and_reads_the_same(log_target: str) -> None:
+    with EventLog.open(log_target, durability="normal") as log:
+        log.append("s", notes("a"))
+        assert [r.event for r in log.read()] == [LogNote(text="a")]
+    with pytest.raises(InvalidEventError, match="durability"):
+        EventLog.open(log_target, durability="paranoid")  # type: ignore[arg-type]
