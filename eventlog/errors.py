@@ -107,3 +107,30 @@ class MissingRowsError(DataPlaneError):
         self.keys = keys
         shown = ", ".join(keys[:5]) + (f" … ({len(keys)} in all)" if len(keys) > 5 else "")
         super().__init__(f"partition {partition!r}: missing staging keys {shown}")
+
+
+class StaleAttemptError(LedgerRuleError):
+    """A result names an attempt that is no longer current (superseded, abandoned or failed).
+
+    Expected traffic, not a bug: a late worker result. Nothing is appended; pass the error to
+    ``RecoveryLedger.record_rejected_result`` to make the rejection visible in the audit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group_id: str,
+        generation_index: int,
+        rollout_id: str,
+        current_rollout_id: str | None,
+    ) -> None:
+        self.group_id = group_id
+        self.generation_index = generation_index
+        self.rollout_id = rollout_id
+        self.current_rollout_id = current_rollout_id
+        super().__init__(message)
+
+
+class PromptIdentityError(ReconciliationError):
+    """A prompt rehydrated from the dataset is not the one the group was reserved for."""

@@ -144,7 +144,10 @@ class EventLog:
                         f"stream {request.stream!r}: item {index} is a "
                         f"{type(event).__name__}, not an Event"
                     )
-                type_name, schema, payload = codec.encode(event)
+                try:
+                    type_name, schema, payload = codec.encode(event)
+                except InvalidEventError as exc:
+                    raise InvalidEventError(f"stream {request.stream!r}: item {index}: {exc}") from exc
                 items.append(PreparedEvent(event_id.bytes, type_name, schema, payload, supplied))
             prepared.append(PreparedRequest(request.stream, request.expected_version, items))
         return prepared

@@ -35,7 +35,8 @@ def check_keys(partition: str, keys: Iterable[str]) -> list[str]:
     """Keys as a list without repeats, in first-seen order; each a non-empty str."""
     if isinstance(keys, str):
         raise DataPlaneError(
-            f"partition {partition!r}: keys must be a sequence of str, found the single str {keys!r}"
+            f"partition {partition!r}: keys must be a sequence of str, "
+            f"found the single str {keys!r}"
         )
     seen: dict[str, None] = {}
     for key in keys:
@@ -75,7 +76,8 @@ def check_rows(
                 raise DataPlaneError(f"{where}: field name must be a non-empty str, found {name!r}")
             if not isinstance(value, torch.Tensor):
                 raise DataPlaneError(
-                    f"{where}, field {name!r}: expected a torch.Tensor, found {type(value).__name__}"
+                    f"{where}, field {name!r}: expected a torch.Tensor, "
+                    f"found {type(value).__name__}"
                 )
             if value.is_nested or value.layout != torch.strided:
                 raise DataPlaneError(

@@ -102,7 +102,8 @@ class InMemoryDataPlane:
                 "format": _FORMAT,
                 "partitions": {
                     partition: {
-                        key: {"fields": fields, "tags": tags} for key, (fields, tags) in rows.items()
+                        key: {"fields": fields, "tags": tags}
+                        for key, (fields, tags) in rows.items()
                     }
                     for partition, rows in self._partitions.items()
                     if rows
@@ -128,7 +129,9 @@ class InMemoryDataPlane:
         try:
             payload = torch.load(path, weights_only=True)
         except Exception as exc:  # torch raises many types for a corrupt file
-            raise DataPlaneError(f"data-plane checkpoint {str(path)!r} is unreadable: {exc}") from exc
+            raise DataPlaneError(
+                f"data-plane checkpoint {str(path)!r} is unreadable: {exc}"
+            ) from exc
         if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
             raise DataPlaneError(
                 f"data-plane checkpoint {str(path)!r}: expected format {_FORMAT}, "

@@ -12,6 +12,7 @@ session whose temp dir lies under ROOT and prints the PIDs (for CI wrappers and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -71,10 +72,8 @@ def session_pids(root: str) -> list[int]:
 
 def _reap(pid: int) -> None:
     """Collect our own dead children so they do not linger as zombies."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _signal(pid: int, root: str, sig: signal.Signals) -> None:
@@ -82,10 +81,8 @@ def _signal(pid: int, root: str, sig: signal.Signals) -> None:
     marker = _marker(pid)
     if marker is None or not _under(marker, root):
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def kill_ray_session(root: str, *, grace_s: float = 3.0) -> list[int]:

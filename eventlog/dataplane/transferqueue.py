@@ -37,25 +37,25 @@ import psutil
 # warning on every call on small machines) and inherited by the Ray actors started later.
 os.environ.setdefault("TQ_NUM_THREADS", str(max(1, min(8, psutil.cpu_count(logical=False) or 1))))
 
-import ray  # noqa: E402
-import torch  # noqa: E402
-import transfer_queue as tq  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+import ray
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
 
-from eventlog.dataplane._rows import (  # noqa: E402
+from eventlog.dataplane._rows import (
     CheckedRow,
     check_keys,
     check_partition,
     check_rows,
 )
-from eventlog.dataplane.protocol import (  # noqa: E402
+from eventlog.dataplane.protocol import (
     RESERVED_TAG_PREFIX,
     DataPlaneCheckpoint,
     Row,
     inventory_digest,
 )
-from eventlog.dataplane.raysession import MARKER_ENV, kill_ray_session, session_pids  # noqa: E402
-from eventlog.errors import DataPlaneError, MissingRowsError  # noqa: E402
+from eventlog.dataplane.raysession import MARKER_ENV, kill_ray_session, session_pids
+from eventlog.errors import DataPlaneError, MissingRowsError
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,9 @@ class TransferQueueDataPlane:
     def list_partitions(self) -> list[str]:
         """Partitions that currently hold at least one row, sorted."""
         listing = _call("list partitions", tq.kv_list)
-        return sorted(p for p, keys in listing.items() if any(FIELDS_TAG in t for t in keys.values()))
+        return sorted(
+            p for p, keys in listing.items() if any(FIELDS_TAG in t for t in keys.values())
+        )
 
     def list_keys(self, partition: str) -> dict[str, dict[str, str]]:
         """Every staging key in the partition with its tags (empty dict when none)."""
@@ -158,7 +160,9 @@ class TransferQueueDataPlane:
                 self._raise_missing(partition, group, f"TQ refused the read: {exc}", exc)
             if batch.batch_size[0] != len(group):
                 self._raise_missing(
-                    partition, group, f"TQ returned {batch.batch_size[0]} rows for {len(group)} keys"
+                    partition,
+                    group,
+                    f"TQ returned {batch.batch_size[0]} rows for {len(group)} keys",
                 )
             columns = {name: _unbind(batch[name], len(group), partition, name) for name in names}
             for i, key in enumerate(group):

@@ -131,6 +131,7 @@ def build_tiny_model(directory: str | os.PathLike[str]) -> Path:
         started = time.perf_counter()
         scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
+            scratch.chmod(0o755)  # mkdtemp makes it private; the model is meant to be shared
             _build_into(scratch, wanted)
             if target.exists():
                 shutil.rmtree(target)
@@ -189,7 +190,8 @@ def _build_into(directory: Path, wanted: str) -> None:
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.save_pretrained(directory, safe_serialization=True)
+    with _quiet_progress_bars():
+        model.save_pretrained(directory, safe_serialization=True)
 
     files = {
         path.relative_to(directory).as_posix(): _sha256(path)
@@ -232,6 +234,20 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "absent"
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """Library code must not draw progress bars on the caller's terminal."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager
