@@ -1,0 +1,303 @@
+"""What every subcommand shares: exit codes, opening a target, and how a record is shown."""
+
+from __future__ import annotations
+
+import enum
+import re
+import sys
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from eventlog import codec
+from eventlog.errors import (
+    ConcurrencyError,
+    ConfigError,
+    DuplicateEventError,
+    EventLogError,
+    IntegrityError,
+    InvalidEventError,
+    LogRevisionError,
+    SchemaError,
+)
+from eventlog.log import EventLog, open_store, resolve_url
+from eventlog.records import Record
+from eventlog.store import migrate
+
+
+class ExitCode(enum.IntEnum):
+    """The documented exit codes of `eventlog` (also listed in `eventlog --help`)."""
+
+    OK = 0
+    INTEGRITY = 1
+    USAGE = 2
+    REVISION_OR_SCHEMA = 3
+    CONFLICT = 4
+    OTHER = 5
+    INTERNAL = 70
+    INTERRUPTED = 130
+
+
+class CliUsageError(EventLogError):
+    """The command line named something that does not exist or cannot be used."""
+
+
+_EXIT_CODES: list[tuple[type[BaseException], ExitCode]] = [
+    (IntegrityError, ExitCode.INTEGRITY),
+    (InvalidEventError, ExitCode.USAGE),
+    (ConfigError, ExitCode.USAGE),
+    (CliUsageError, ExitCode.USAGE),
+    (LogRevisionError, ExitCode.REVISION_OR_SCHEMA),
+    (SchemaError, ExitCode.REVISION_OR_SCHEMA),
+    (ConcurrencyError, ExitCode.CONFLICT),
+    (DuplicateEventError, ExitCode.CONFLICT),
+    (EventLogError, ExitCode.OTHER),
+]
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The exit code an error ends the command with (70 for anything not deliberate)."""
+    for cls, code in _EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return ExitCode.INTERNAL
+
+
+# -- targets --------------------------------------------------------------------------------
+
+
+def shown_target(target: str) -> str:
+    """The target as messages show it: a path as given, a URL without its password."""
+    if "://" not in target:
+        return target
+    return resolve_url(target).render_as_string(hide_password=True)
+
+
+def require_existing(target: str) -> None:
+    """Refuse a file path that does not exist, instead of creating an empty database there."""
+    if "://" not in target and not Path(target).expanduser().exists():
+        raise CliUsageError(
+            f"{target}: no such file", hint=f"create a log with `eventlog init {target}`"
+        )
+
+
+def require_parent(target: str) -> None:
+    """A new SQLite file needs its folder; say so instead of a driver error."""
+    if "://" in target:
+        return
+    parent = Path(target).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise CliUsageError(f"{target}: folder {parent} does not exist")
+
+
+def open_log(target: str, *, create: bool = False) -> EventLog:
+    """Open a log at head; without `create`, a missing file or an empty database is refused."""
+    if create:
+        require_parent(target)
+    else:
+        require_existing(target)
+    store = open_store(target)
+    try:
+        migrate.ensure_at_head(store.engine, target=shown_target(target), create=create)
+    except BaseException:
+        store.close()
+        raise
+    return EventLog(store)
+
+
+# -- time -----------------------------------------------------------------------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FRACTION = re.compile(r"^(?P<head>.*?T\d{2}:\d{2}(?::\d{2})?)[.,](?P<frac>\d+)(?P<tail>.*)$")
+
+
+def format_ns(ns: int) -> str:
+    """UTC nanoseconds as ISO-8601 with all nine fractional digits: 2026-11-29T12:00:00.123456789Z."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    stamp = (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{fraction:09d}Z"
+
+
+def short_time(ns: int) -> str:
+    """UTC time to the millisecond, for tables."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    stamp = (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp}.{fraction // 1_000_000:03d}"
+
+
+def parse_time(text: str) -> int:
+    """ISO-8601 (date, or date and time; no zone means UTC) as UTC nanoseconds, exactly."""
+    fraction_ns = 0
+    base = text.strip()
+    match = _FRACTION.match(base)
+    if match:
+        digits = match["frac"]
+        fraction_ns = int(digits[:9].ljust(9, "0"))
+        base = match["head"] + match["tail"]
+    try:
+        moment = datetime.fromisoformat(base)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not an ISO-8601 time") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + fraction_ns
+
+
+def time_option(_ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """click callback: an ISO-8601 option value as UTC nanoseconds."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from exc
+
+
+# -- records as people and scripts see them -------------------------------------------------
+
+
+class RecordView(msgspec.Struct, frozen=True):
+    """One record ready to print: fields as JSON-friendly builtins, or raw when undecodable."""
+
+    seq: int
+    stream: str
+    version: int
+    event_id: uuid.UUID
+    type: str
+    schema: int
+    recorded_at: int
+    data: Any
+    unknown: bool = False
+    reason: str = ""
+
+
+def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
+    """Decode a record; with `allow_unknown`, an unreadable one is shown raw instead of failing."""
+    try:
+        event = codec.decode(record.type, record.schema, record.payload, seq=record.seq)
+        data: Any = codec.to_builtins(event)
+        unknown, reason = False, ""
+    except SchemaError as exc:
+        if not allow_unknown:
+            raise
+        data, unknown, reason = raw_data(record.payload), True, str(exc)
+    return RecordView(
+        seq=record.seq,
+        stream=record.stream,
+        version=record.version,
+        event_id=record.event_id,
+        type=record.type,
+        schema=record.schema,
+        recorded_at=record.recorded_at,
+        data=data,
+        unknown=unknown,
+        reason=reason,
+    )
+
+
+def raw_data(payload: bytes) -> Any:
+    """A payload decoded without a schema, as JSON-friendly builtins (None if not msgpack)."""
+    try:
+        data = codec.raw_fields(payload)
+        if isinstance(data, dict):
+            data.pop("type", None)
+        return msgspec.to_builtins(data, str_keys=True)
+    except (msgspec.DecodeError, TypeError, ValueError):
+        return None
+
+
+def json_object(view: RecordView) -> dict[str, Any]:
+    """The `--json` form: seq, stream, version, event_id, type, recorded_at, data.
+
+    recorded_at is ISO-8601 UTC with nanoseconds. A record shown raw also has "unknown": true
+    and its "schema" version.
+    """
+    obj: dict[str, Any] = {
+        "seq": view.seq,
+        "stream": view.stream,
+        "version": view.version,
+        "event_id": str(view.event_id),
+        "type": view.type,
+        "recorded_at": format_ns(view.recorded_at),
+        "data": view.data,
+    }
+    if view.unknown:
+        obj["unknown"] = True
+        obj["schema"] = view.schema
+    return obj
+
+
+_json = msgspec.json.Encoder()
+
+
+def json_line(obj: object) -> str:
+    return _json.encode(obj).decode()
+
+
+def summary(data: Any) -> str:
+    """The event's fields as `key=value` pairs on one line (values as compact JSON)."""
+    if not isinstance(data, dict):
+        return "" if data is None else json_line(data)
+    parts = []
+    for key, value in data.items():
+        shown = value if isinstance(value, str) else json_line(value)
+        parts.append(f"{key}={shown}")
+    return " ".join(parts)
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def stdout_console() -> Console:
+    """Console for results; follows sys.stdout so a live progress bar can redirect it."""
+    return Console(highlight=False, soft_wrap=False)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+PROGRESS_MIN_RECORDS = 10_000
+
+
+@contextmanager
+def seq_progress(
+    description: str, first_seq: int, last_seq: int
+) -> Iterator[Any]:
+    """A progress bar over a seq range on stderr, only when a person is watching a long read.
+
+    Yields a function to call with each seq seen (a no-op when no bar is shown).
+    """
+    total = last_seq - first_seq + 1
+    if total < PROGRESS_MIN_RECORDS or not (sys.stdout.isatty() and sys.stderr.isatty()):
+        yield lambda _seq: None
+        return
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=stderr_console(),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task(description, total=total)
+
+        def advance(seq: int) -> None:
+            progress.update(task, completed=seq - first_seq + 1)
+
+        yield advance
+
+
+def echo_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        click.echo(line)

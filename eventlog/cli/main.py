@@ -1,0 +1,133 @@
+"""The `eventlog` command: a click group whose subcommands live one per module.
+
+Adding a subcommand is one line in SUBCOMMANDS ("name": "module:attribute"); modules load on
+first use, so `eventlog verify` never imports what `eventlog demo` needs.
+
+Every deliberate error (EventLogError) becomes one `error:` line on stderr, plus a `hint:` line
+when the error carries one, and the exit code below. Tracebacks only with `--debug`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import traceback
+from typing import Any, NoReturn
+
+import click
+
+from eventlog.cli._common import CliUsageError, ExitCode, exit_code_for
+
+SUBCOMMANDS: dict[str, str] = {
+    "db": "eventlog.cli.db:db",
+    "init": "eventlog.cli.init:init",
+    "append": "eventlog.cli.append:append",
+    "replay": "eventlog.cli.replay:replay",
+    "verify": "eventlog.cli.verify:verify",
+    "info": "eventlog.cli.info:info",
+    "tail": "eventlog.cli.tail:tail",
+    "stats": "eventlog.cli.stats:stats",
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when that subcommand is used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*SUBCOMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        spec = SUBCOMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        module_name, _, attribute = spec.partition(":")
+        command = getattr(importlib.import_module(module_name), attribute)
+        if not isinstance(command, click.Command):  # pragma: no cover - a registration typo
+            raise TypeError(f"{spec} is not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: list[tuple[str, str]] = []
+        for name in self.list_commands(ctx):
+            try:
+                command = self.get_command(ctx, name)
+            except ImportError as exc:  # an optional extra is not installed
+                rows.append((name, f"(unavailable: {exc})"))
+                continue
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(ExitCode.INTERRUPTED)
+        except Exception as exc:
+            _fail(ctx, exc)
+
+
+def _fail(ctx: click.Context, exc: Exception) -> NoReturn:
+    """Report an error as one line (plus a hint) and exit with its documented code."""
+    debug = bool(ctx.find_root().params.get("debug"))
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    code = exit_code_for(exc)
+    if code == ExitCode.INTERNAL:
+        message = f"unexpected {type(exc).__name__}: {exc}"
+        hint = None if debug else "rerun with --debug for the traceback, and report it"
+    else:
+        message = str(exc)
+        hint = getattr(exc, "hint", None)
+    click.echo(f"error: {_one_line(message)}", err=True)
+    if hint:
+        click.echo(f"hint: {_one_line(hint)}", err=True)
+    ctx.exit(code)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "(no message)"
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logging.")
+@click.option(
+    "--events-module",
+    "events_modules",
+    multiple=True,
+    metavar="MODULE",
+    envvar="EVENTLOG_EVENTS_MODULES",
+    help="Import MODULE to register its event types (repeatable; env EVENTLOG_EVENTS_MODULES, "
+    "space-separated).",
+)
+@click.version_option(package_name="eventlog")
+def main(debug: bool, events_modules: tuple[str, ...]) -> None:
+    """The durable, auditable memory of an asynchronous RL post-training run.
+
+    TARGET is an SQLite file path or a SQLAlchemy URL (postgresql+psycopg://user@host/db).
+
+    Exit codes: 0 ok, 1 integrity problem found, 2 usage or bad input, 3 log revision or
+    schema problem, 4 concurrency or duplicate event, 5 other eventlog error (domain rule,
+    reconciliation, data plane), 70 internal error, 130 interrupted.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for name in events_modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise CliUsageError(
+                f"--events-module {name}: cannot import it ({exc})",
+                hint="check the module name and that it is on PYTHONPATH",
+            ) from exc
