@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -54,8 +55,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
     rate = spread([s.events_per_s for s in samples])
     p50 = spread([s.percentile_ms(50) for s in samples])
     p99 = spread([s.percentile_ms(99) for s in samples])
-    commits = [s.commits for s in samples if s.commits]
-    per_commit = statistics.median(s.events / c for s, c in zip(samples, commits, strict=False))
+    per_commit = [s.events / s.commits for s in samples if s.commits]
     return {
         "events_per_s": round(rate["median"], 1),
         "events_per_s_min": round(rate["min"], 1),
@@ -68,7 +68,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         "p99_ms_max": round(p99["max"], 4),
         "events": samples[0].events,
         "repeats": len(samples),
-        "events_per_commit": round(per_commit, 2) if commits else None,
+        "events_per_commit": round(statistics.median(per_commit), 2) if per_commit else None,
     }
 
 
@@ -116,11 +116,11 @@ def machine(workdir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any
         "workdir_filesystem": filesystem_of(workdir),
         "load_average_start": list(os.getloadavg()),
     }
-    for module in ("psycopg", "eventsourcing"):
+    for dist in ("psycopg", "eventsourcing"):
         try:
-            info[module] = __import__(module).__version__
-        except ImportError:
-            info[module] = None
+            info[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            info[dist] = None
     info.update(extra or {})
     return info
 

@@ -49,7 +49,9 @@ class InvalidEventError(EventLogError):
 class SchemaError(EventLogError):
     """A stored record cannot be decoded: unknown type, future schema, or corrupt payload."""
 
-    def __init__(self, message: str, *, seq: int | None = None, type_name: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, seq: int | None = None, type_name: str | None = None
+    ) -> None:
         self.seq = seq
         self.type_name = type_name
         super().__init__(message)

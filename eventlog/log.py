@@ -12,7 +12,7 @@ from typing import Literal
 import sqlalchemy as sa
 
 from eventlog import codec
-from eventlog.errors import InvalidEventError, LogClosedError
+from eventlog.errors import EventLogError, InvalidEventError, LogClosedError
 from eventlog.events import Event
 from eventlog.ids import new_event_id
 from eventlog.records import (
@@ -115,8 +115,8 @@ class EventLog:
         return self._wait(await asyncio.wrap_future(future))
 
     @staticmethod
-    def _wait(outcome: list[AppendResult] | Exception) -> list[AppendResult]:
-        if isinstance(outcome, Exception):  # pragma: no cover - the writer raises these
+    def _wait(outcome: list[AppendResult] | EventLogError) -> list[AppendResult]:
+        if isinstance(outcome, EventLogError):  # pragma: no cover - the writer raises these
             raise outcome
         return outcome
 
@@ -147,7 +147,9 @@ class EventLog:
                 try:
                     type_name, schema, payload = codec.encode(event)
                 except InvalidEventError as exc:
-                    raise InvalidEventError(f"stream {request.stream!r}: item {index}: {exc}") from exc
+                    raise InvalidEventError(
+                        f"stream {request.stream!r}: item {index}: {exc}"
+                    ) from exc
                 items.append(PreparedEvent(event_id.bytes, type_name, schema, payload, supplied))
             prepared.append(PreparedRequest(request.stream, request.expected_version, items))
         return prepared
@@ -202,11 +204,7 @@ class EventLog:
             head = await asyncio.to_thread(self._store.head)
             if head >= next_seq:
                 page = await asyncio.to_thread(
-                    lambda: list(
-                        itertools.islice(
-                            self._store.read(next_seq, head, streams, types, page_size), page_size
-                        )
-                    )
+                    self._page, next_seq, head, streams, types, page_size
                 )
                 for record in page:
                     yield decode_record(record)
@@ -214,6 +212,17 @@ class EventLog:
                 next_seq = page[-1].seq + 1 if len(page) == page_size else head + 1
                 continue
             await asyncio.to_thread(self._store.wait_for_append, head, poll_interval)
+
+    def _page(
+        self,
+        from_seq: int,
+        until_seq: int,
+        streams: Sequence[str] | None,
+        types: Sequence[str] | None,
+        size: int,
+    ) -> list[Record]:
+        records = self._store.read(from_seq, until_seq, streams, types, size)
+        return list(itertools.islice(records, size))
 
     # -- integrity and metadata ------------------------------------------------------------
 

@@ -10,16 +10,43 @@ admission, to be admitted exactly once each.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from eventlog.errors import PromptIdentityError
-from eventlog.events import AttemptRef, Granularity
-from projections.reconcile import Reconciliation
-from projections.siblings import GroupState, GroupStatus, LedgerState
+from eventlog.dataplane.protocol import DataPlaneCheckpoint
+from eventlog.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
+from eventlog.events import (
+    CONTROLLER_STREAM,
+    REPLAY_STREAM,
+    AttemptRef,
+    Event,
+    Granularity,
+    RestoreCompleted,
+    RestoreStarted,
+    StagingCleared,
+    group_stream,
+)
+from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
+from projections.history import RolledBack, effective_checkpoints, rolled_back
+from projections.reconcile import Reconciliation, reconcile, staged_by
+from projections.recovery import restart_events
+from projections.siblings import (
+    GroupState,
+    GroupStatus,
+    LedgerState,
+    RuleViolation,
+    fold_all,
+    state_digest,
+)
+
+if TYPE_CHECKING:
+    from eventlog.ledger import RecoveryLedger
+
+logger = logging.getLogger(__name__)
 
 Prompt = Mapping[str, Any]
 
@@ -191,3 +218,153 @@ def build_plan(
         staging=staging,
         counts=counts,
     )
+
+
+def _rehydrate(dataset: Dataset, group: GroupState) -> Prompt:
+    try:
+        prompt = dataset.get(group.prompt_ref.sample_id)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise PromptIdentityError(
+            f"group {group.group_id!r}: dataset has no sample {group.prompt_ref.sample_id!r} "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    return check_prompt(group, prompt)
+
+
+def run_restore(
+    ledger: RecoveryLedger, dataset: Dataset, step: int | None
+) -> tuple[RestorePlan, LedgerState, dict[str, int], RolledBack, dict[str, Prompt]]:
+    """Everything `RecoveryLedger.restore` does; it adopts what this returns.
+
+    All checks (checkpoint found, digest, granularity, reconciliation, prompt identity) run
+    before anything is appended; a failure raises and appends nothing. The data plane is loaded
+    first because every later check reads it.
+    """
+    log = ledger.log
+    head = log.head()
+    controller = [r for r in log.read_stream(CONTROLLER_STREAM) if r.seq <= head]
+    skipped = rolled_back(controller)
+    checkpoints = effective_checkpoints(controller, skipped)
+    chosen = [c for c in checkpoints if step is None or c[1].step == step]
+    if not chosen:
+        steps = sorted({c[1].step for c in checkpoints})
+        raise LedgerRuleError(
+            f"no checkpoint at step {step} to restore (checkpoints at steps {steps})"
+            if step is not None
+            else "no checkpoint to restore: the log has none"
+        )
+    ckpt_seq, ckpt = chosen[-1]
+
+    ledger.data_plane.load_checkpoint(
+        DataPlaneCheckpoint(
+            ref=ckpt.data_plane_ref,
+            inventory_digest=ckpt.inventory_digest,
+            row_count=ckpt.row_count,
+        )
+    )
+    state, _ = ledger._fold_until(ckpt_seq, skipped)
+    found = state_digest(state)
+    if found != ckpt.ledger_digest:
+        raise ReconciliationError(
+            f"checkpoint step {ckpt.step} (seq {ckpt_seq}): the log folds to ledger digest "
+            f"{found[:16]}…, the checkpoint recorded {ckpt.ledger_digest[:16]}…"
+        )
+
+    # Stored granularity, never the current config: in-flight attempts are abandoned and retried.
+    group_events: list[tuple[str, list[Event]]] = []
+    for group in state.groups.values():
+        events = restart_events(group)
+        if events:
+            group_events.append((group.group_id, events))
+    try:
+        for _, events in group_events:
+            fold_all(state, events)
+        staging = reconcile(
+            state,
+            ledger.data_plane.list_keys(ledger.staging_partition),
+            staged_by(
+                (r.event for r in log.read(types=["TokensStaged"])), ledger.staging_partition
+            ),
+            ledger.staging_partition,
+        )
+    except RuleViolation as exc:
+        raise ReconciliationError(f"checkpoint step {ckpt.step}: {exc}") from None
+    if staging.missing:
+        first = staging.missing[0]
+        raise ReconciliationError(
+            f"group {first.owner.group_id!r}, sibling {first.owner.generation_index}, attempt "
+            f"{first.owner.attempt}: staging key {first.key!r} is missing from partition "
+            f"{staging.partition!r} after loading checkpoint step {ckpt.step} "
+            f"({len(staging.missing)} missing in all)",
+            hint="the data-plane checkpoint does not hold the rows the log says were sealed",
+        )
+    prompts = {gid: _rehydrate(dataset, group) for gid, group in state.groups.items()}
+
+    def expected(stream: str) -> ExpectedVersion:
+        version = log.stream_version(stream)
+        return NO_STREAM if version is None else version
+
+    controller_version = controller[-1].version if controller else None
+    (started,) = log.append_batch(
+        [
+            AppendRequest(
+                CONTROLLER_STREAM,
+                [
+                    RestoreStarted(
+                        checkpoint_step=ckpt.step,
+                        checkpoint_seq=ckpt_seq,
+                        rolled_back_from_seq=ckpt_seq + 1,
+                    )
+                ],
+                NO_STREAM if controller_version is None else controller_version,
+            )
+        ]
+    )
+    started_seq = started.seqs[0]
+    rolled = (ckpt_seq + 1, started_seq - 1)
+    skipped = RolledBack([*skipped.ranges, rolled])
+    plan = build_plan(
+        state,
+        prompts,
+        checkpoint_step=ckpt.step,
+        checkpoint_seq=ckpt_seq,
+        rolled_back=rolled,
+        staging=staging,
+    )
+    closing: list[Event] = []
+    if staging.clear:
+        closing.append(
+            StagingCleared(
+                partition=staging.partition,
+                of_attempts=staging.clear_of_attempts,
+                never_staged=staging.clear_never_staged,
+                reason=f"unreferenced after restore to checkpoint step {ckpt.step}",
+            )
+        )
+    closing.append(
+        RestoreCompleted(
+            checkpoint_step=ckpt.step,
+            checkpoint_seq=ckpt_seq,
+            rolled_back_from_seq=rolled[0],
+            rolled_back_until_seq=rolled[1],
+            **plan.counts,
+        )
+    )
+    requests = [
+        AppendRequest(group_stream(g), evs, expected(group_stream(g))) for g, evs in group_events
+    ]
+    requests.append(AppendRequest(CONTROLLER_STREAM, closing, started.versions[-1]))
+    log.append_batch(requests)
+    if staging.clear:
+        ledger.data_plane.delete_rows(staging.partition, staging.clear)
+    streams = [group_stream(g) for g in state.groups] + [CONTROLLER_STREAM, REPLAY_STREAM]
+    versions = {s: v for s in streams if (v := log.stream_version(s)) is not None}
+    logger.info(
+        "restored checkpoint step %d (seq %d): rolled back seqs %d..%d; %s",
+        ckpt.step,
+        ckpt_seq,
+        rolled[0],
+        rolled[1],
+        plan.counts,
+    )
+    return plan, state, versions, skipped, prompts

@@ -98,6 +98,4 @@ def verify_records(
             Problem(seq, "duplicate", f"event id {uuid.UUID(bytes=event_id)} stored more than once")
         )
     problems.sort(key=lambda p: p.seq)
-    return VerifyReport(
-        records=count, head=head, last_chain=previous.hex(), problems=problems
-    )
+    return VerifyReport(records=count, head=head, last_chain=previous.hex(), problems=problems)

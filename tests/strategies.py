@@ -30,8 +30,12 @@ def for_type(info: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(info, mi.BoolType):
         return st.booleans()
     if isinstance(info, mi.IntType):
-        low = info.ge if info.ge is not None else (info.gt + 1 if info.gt is not None else _INT64[0])
-        high = info.le if info.le is not None else (info.lt - 1 if info.lt is not None else _INT64[1])
+        low = (
+            info.ge if info.ge is not None else (info.gt + 1 if info.gt is not None else _INT64[0])
+        )
+        high = (
+            info.le if info.le is not None else (info.lt - 1 if info.lt is not None else _INT64[1])
+        )
         return st.integers(low, high)
     if isinstance(info, mi.FloatType):
         return st.floats(

@@ -1,4 +1,4 @@
-"""The codec: every event type round-trips; old schemas upcast; unknown and future ones fail typed."""
+"""The codec: every event type round-trips; old schemas upcast; unknown/future ones fail."""
 
 from __future__ import annotations
 

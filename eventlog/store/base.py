@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
@@ -137,7 +137,7 @@ class SqlStore:
             for submission in submissions:
                 outcomes.append(self._plan(batch, submission))
             if batch.rows:
-                conn.exec_driver_sql(self.dialect.insert_sql, batch.rows)  # type: ignore[arg-type]
+                conn.exec_driver_sql(self.dialect.insert_sql, batch.rows)
                 self.dialect.after_write(conn, batch.head)
         return outcomes
 
@@ -298,7 +298,9 @@ class SqlStore:
 
     def head(self) -> int:
         with self._read_engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))).scalar_one())
+            return int(
+                conn.execute(sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))).scalar_one()
+            )
 
     def tail_chain(self) -> tuple[int, bytes]:
         """The newest seq and its chain value (the anchor to keep elsewhere)."""
@@ -375,9 +377,7 @@ class SqlStore:
 
     def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
         with self._write_engine.connect() as conn, conn.begin():
-            conn.execute(
-                snapshots.delete().where(snapshots.c.name == name, snapshots.c.seq == seq)
-            )
+            conn.execute(snapshots.delete().where(snapshots.c.name == name, snapshots.c.seq == seq))
             conn.execute(
                 snapshots.insert().values(
                     name=name, seq=seq, created_at=time.time_ns(), payload=payload
@@ -415,16 +415,16 @@ def _check_expected(stream: str, expected: ExpectedVersion, current: int | None)
         raise ConcurrencyError(stream, f"version {expected}", current)
 
 
-def _record(row: sa.Row[tuple[object, ...]] | Sequence[object]) -> Record:
+def _record(row: Sequence[Any]) -> Record:
     seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
     return Record(
-        seq=seq,  # type: ignore[arg-type]
-        stream=stream,  # type: ignore[arg-type]
-        version=version,  # type: ignore[arg-type]
-        event_id=uuid.UUID(bytes=bytes(event_id)),  # type: ignore[arg-type]
-        type=type_name,  # type: ignore[arg-type]
-        schema=schema,  # type: ignore[arg-type]
-        recorded_at=recorded_at,  # type: ignore[arg-type]
-        payload=bytes(payload),  # type: ignore[arg-type]
-        chain=bytes(link),  # type: ignore[arg-type]
+        seq=seq,
+        stream=stream,
+        version=version,
+        event_id=uuid.UUID(bytes=bytes(event_id)),
+        type=type_name,
+        schema=schema,
+        recorded_at=recorded_at,
+        payload=bytes(payload),
+        chain=bytes(link),
     )

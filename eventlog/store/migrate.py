@@ -67,7 +67,8 @@ def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
     if current is None:
         if "events" in inspect(engine).get_table_names():
             raise LogRevisionError(
-                f"{target}: has an events table but no alembic revision; it was not made by eventlog"
+                f"{target}: has an events table but no alembic revision; "
+                "it was not made by eventlog"
             )
         if not create:
             raise LogRevisionError(

@@ -1,0 +1,528 @@
+"""Append throughput and latency: eventlog beside the raw driver and the eventsourcing library.
+
+The matrix (design §11): SQLite with synchronous FULL and NORMAL, PostgreSQL with full
+durability; one writer with batches of 1/10/100/1000 events, and 16/64 concurrent appenders
+of one event each (threads; also asyncio tasks for eventlog). Every cell runs the same plan
+for every implementation, on a fresh store, `repeats` times, implementations interleaved
+so that load from other users of the machine falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import impls
+from bench.common import Results, Sample, machine, summarize
+from bench.impls import Appender
+from bench.pg import PgServer, PgUnavailable, pg_server
+from bench.workload import Call, batch_plan, count_events, writers_plan
+from eventlog import EventLog
+from eventlog.log import Durability
+
+BATCHES = (1, 10, 100, 1000)
+WRITERS = (16, 64)
+ASYNC_WRITERS = (64,)
+IMPLS = ("eventlog", "raw", "eventsourcing")
+
+# Events per repeat, sized so the full matrix stays within ~5 minutes on 2 cores: cells bound
+# by one fsync per commit (~400/s on this machine's disk) get few events, CPU-bound ones more.
+_BATCH_EVENTS: dict[tuple[str, int], int] = {
+    ("sqlite/full", 1): 300,
+    ("sqlite/full", 10): 1500,
+    ("sqlite/full", 100): 10_000,
+    ("sqlite/full", 1000): 20_000,
+    ("sqlite/normal", 1): 2000,
+    ("sqlite/normal", 10): 5000,
+    ("sqlite/normal", 100): 10_000,
+    ("sqlite/normal", 1000): 20_000,
+    ("postgresql/full", 1): 400,
+    ("postgresql/full", 10): 2000,
+    ("postgresql/full", 100): 10_000,
+    ("postgresql/full", 1000): 20_000,
+}
+_CONCURRENT_EVENTS = {"sqlite/full": 640, "sqlite/normal": 3200, "postgresql/full": 960}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One figure of the matrix (its implementations are compared on the same plan)."""
+
+    backend: str
+    impl: str
+    mode: str
+    """`batch` (one writer), `threads` or `asyncio` (concurrent single-event appenders)."""
+    batch: int
+    writers: int
+    durability: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    backend: str
+    durability: Durability
+    mode: str
+    batch: int
+    writers: int
+
+    def events(self, scale: float) -> int:
+        key = f"{self.backend}/{self.durability}"
+        if self.mode == "batch":
+            base = _BATCH_EVENTS[(key, self.batch)]
+            return max(self.batch, int(base * scale))
+        return max(self.writers, int(_CONCURRENT_EVENTS[key] * scale))
+
+    def impls(self, wanted: Sequence[str]) -> list[str]:
+        if self.mode == "asyncio":
+            return [i for i in wanted if i == "eventlog"]
+        return list(wanted)
+
+
+def settings(backend: str, durability: Durability) -> list[Setting]:
+    out = [Setting(backend, durability, "batch", b, 1) for b in BATCHES]
+    out += [Setting(backend, durability, "threads", 1, w) for w in WRITERS]
+    out += [Setting(backend, durability, "asyncio", 1, w) for w in ASYNC_WRITERS]
+    return out
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def run_calls(appender: Appender, calls: Sequence[Call]) -> Sample:
+    """One writer, one call after another."""
+    latencies: list[int] = []
+    clock = time.perf_counter_ns
+    start = clock()
+    for call in calls:
+        t0 = clock()
+        appender.append(call)
+        latencies.append(clock() - t0)
+    elapsed = (clock() - start) / 1e9
+    return Sample(count_events(calls), elapsed, latencies, appender.commits())
+
+
+def run_threads(appender: Appender, plans: Sequence[Sequence[Call]]) -> Sample:
+    """One thread per writer, released together; the clock stops when the last one is done."""
+    latencies: list[list[int]] = [[] for _ in plans]
+    errors: list[BaseException] = []
+    gate = threading.Barrier(len(plans) + 1)
+    clock = time.perf_counter_ns
+
+    def work(index: int) -> None:
+        mine = latencies[index]
+        gate.wait()
+        try:
+            for call in plans[index]:
+                t0 = clock()
+                appender.append(call)
+                mine.append(clock() - t0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(plans))]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    start = clock()
+    for thread in threads:
+        thread.join()
+    elapsed = (clock() - start) / 1e9
+    if errors:
+        raise errors[0]
+    flat = [value for per_writer in latencies for value in per_writer]
+    return Sample(sum(count_events(p) for p in plans), elapsed, flat, appender.commits())
+
+
+def run_asyncio(appender: impls.AsyncAppender, plans: Sequence[Sequence[Call]]) -> Sample:
+    """One asyncio task per writer on one event loop, each awaiting its own append."""
+    latencies: list[int] = []
+    clock = time.perf_counter_ns
+
+    async def work(plan: Sequence[Call]) -> None:
+        for call in plan:
+            t0 = clock()
+            await appender.append_async(call)
+            latencies.append(clock() - t0)
+
+    async def main() -> float:
+        start = clock()
+        await asyncio.gather(*(work(plan) for plan in plans))
+        return (clock() - start) / 1e9
+
+    elapsed = asyncio.run(main())
+    return Sample(sum(count_events(p) for p in plans), elapsed, latencies, appender.commits())
+
+
+# -- fresh stores per repeat ----------------------------------------------------------------
+
+
+class SqliteStores:
+    """Fresh SQLite files: eventlog and raw get a copy of one log created at migration head."""
+
+    backend = "sqlite"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.template = workdir / "template.db"
+        EventLog.open(self.template).close()
+        self._n = 0
+
+    @contextlib.contextmanager
+    def appender(self, impl: str, durability: Durability, writers: int) -> Iterator[Appender]:
+        self._n += 1
+        path = self.workdir / f"{impl}-{self._n}.db"
+        if impl != "eventsourcing":
+            shutil.copyfile(self.template, path)
+        appender: Appender
+        if impl == "eventlog":
+            appender = impls.EventLogAppender(path, durability)
+        elif impl == "raw":
+            appender = impls.RawSqliteAppender(path, durability)
+        else:
+            appender = impls.EventsourcingAppender.sqlite(path, durability, writers)
+        try:
+            yield appender
+        finally:
+            appender.close()
+        table = "stored_events" if impl == "eventsourcing" else "events"
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            self.stored = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+class PostgresStores:
+    """One database; each repeat starts from emptied tables."""
+
+    backend = "postgresql"
+
+    def __init__(self, server: PgServer) -> None:
+        import psycopg
+
+        self.server = server
+        self.dbname = "bench"
+        with psycopg.connect(server.conninfo("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {self.dbname}")
+        EventLog.open(server.url(self.dbname)).close()
+        self.stored = 0
+
+    def settings(self) -> dict[str, str]:
+        import psycopg
+
+        names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method")
+        with psycopg.connect(self.server.conninfo(self.dbname)) as conn:
+            return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
+
+    def _sql(self, statement: str) -> Any:
+        import psycopg
+
+        with psycopg.connect(self.server.conninfo(self.dbname), autocommit=True) as conn:
+            return conn.execute(statement).fetchone()
+
+    @contextlib.contextmanager
+    def appender(self, impl: str, durability: Durability, writers: int) -> Iterator[Appender]:
+        table = "stored_events" if impl == "eventsourcing" else "events"
+        if impl == "eventsourcing":
+            self._sql("DROP TABLE IF EXISTS stored_events")
+        else:
+            self._sql("TRUNCATE events")
+        appender: Appender
+        if impl == "eventlog":
+            appender = impls.EventLogAppender(self.server.url(self.dbname), durability)
+        elif impl == "raw":
+            appender = impls.RawPsycopgAppender(self.server.conninfo(self.dbname))
+        else:
+            s = self.server
+            appender = impls.EventsourcingAppender.postgres(
+                s.host, s.port, s.user, self.dbname, writers
+            )
+        try:
+            yield appender
+        finally:
+            appender.close()
+        self.stored = int(self._sql(f"SELECT count(*) FROM {table}")[0])
+
+
+Stores = SqliteStores | PostgresStores
+
+
+def measure(
+    stores: Stores, impl: str, setting: Setting, plan: Any, expected_events: int
+) -> Sample:
+    """One repeat of one implementation on a fresh store; checks every event was stored."""
+    with stores.appender(impl, setting.durability, setting.writers) as appender:
+        if setting.mode == "batch":
+            sample = run_calls(appender, plan)
+        elif setting.mode == "threads":
+            sample = run_threads(appender, plan)
+        else:
+            assert isinstance(appender, impls.EventLogAppender)
+            sample = run_asyncio(appender, plan)
+    if stores.stored != expected_events:
+        raise RuntimeError(
+            f"{stores.backend} {impl} {setting}: stored {stores.stored} events, "
+            f"expected {expected_events}"
+        )
+    return sample
+
+
+# -- the matrix -----------------------------------------------------------------------------
+
+
+def run_setting(
+    stores: Stores,
+    setting: Setting,
+    *,
+    impl_names: Sequence[str],
+    repeats: int,
+    scale: float,
+    on_row: Callable[[dict[str, Any]], None],
+) -> list[dict[str, Any]]:
+    events = setting.events(scale)
+    plan: Any
+    if setting.mode == "batch":
+        plan = batch_plan(events, setting.batch)
+        total = count_events(plan)
+    else:
+        plan = writers_plan(events, setting.writers)
+        total = sum(count_events(p) for p in plan)
+    names = setting.impls(impl_names)
+    samples: dict[str, list[Sample]] = {name: [] for name in names}
+    for _ in range(repeats):
+        for name in names:  # interleaved: background load falls on every implementation
+            samples[name].append(measure(stores, name, setting, plan, total))
+    rows = []
+    for name in names:
+        cell = Cell(
+            stores.backend,
+            name,
+            setting.mode,
+            setting.batch,
+            setting.writers,
+            setting.durability,
+        )
+        row = {**asdict(cell), **summarize(samples[name])}
+        rows.append(row)
+        on_row(row)
+    return rows
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """`ratio_vs_raw`: same cell, raw driver. `ratio_vs_one_commit`: eventlog, batch 1, 1 writer."""
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        return (row["backend"], row["durability"], row["mode"], row["batch"], row["writers"])
+
+    raw = {key(r): r["events_per_s"] for r in rows if r["impl"] == "raw"}
+    one = {
+        (r["backend"], r["durability"]): r["events_per_s"]
+        for r in rows
+        if r["impl"] == "eventlog" and r["mode"] == "batch" and r["batch"] == 1
+    }
+    for row in rows:
+        base = raw.get(key(row)) or raw.get(key({**row, "mode": "threads"}))
+        row["ratio_vs_raw"] = round(row["events_per_s"] / base, 3) if base else None
+        single = one.get((row["backend"], row["durability"]))
+        row["ratio_vs_one_commit"] = round(row["events_per_s"] / single, 2) if single else None
+
+
+def _find(rows: Sequence[dict[str, Any]], **where: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in where.items()):
+            return row
+    return None
+
+
+def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, each a ratio of two medians from this run at the same durability."""
+    targets: list[dict[str, Any]] = []
+
+    def target(name: str, num: dict[str, Any] | None, den: float | None, need: float) -> None:
+        if num is None or not den:
+            targets.append({"target": name, "status": "SKIP", "ratio": None, "need": need})
+            return
+        ratio = num["events_per_s"] / den
+        status = "PASS" if ratio >= need else "MISS"
+        targets.append({"target": name, "status": status, "ratio": round(ratio, 3), "need": need})
+
+    for durability in ("full", "normal"):
+        batch = {"backend": "sqlite", "mode": "batch", "batch": 1000, "durability": durability}
+        raw = _find(rows, impl="raw", **batch)
+        target(
+            f"sqlite {durability}: eventlog batch 1000 vs raw sqlite3 executemany",
+            _find(rows, impl="eventlog", **batch),
+            raw["events_per_s"] if raw else None,
+            0.8,
+        )
+    one = _find(rows, backend="sqlite", durability="full", impl="eventlog", mode="batch", batch=1)
+    es = [
+        _find(rows, backend="sqlite", durability="full", impl="eventsourcing", mode=m, batch=1,
+              writers=w)
+        for m, w in (("batch", 1), ("threads", 64))
+    ]
+    es_best = max((r["events_per_s"] for r in es if r), default=None)
+    for mode in ("threads", "asyncio"):
+        concurrent = _find(
+            rows, backend="sqlite", durability="full", impl="eventlog", mode=mode, writers=64
+        )
+        target(
+            f"sqlite full: 64 {mode} group commit vs one commit per event",
+            concurrent,
+            one["events_per_s"] if one else None,
+            10.0,
+        )
+        target(
+            f"sqlite full: 64 {mode} group commit vs eventsourcing single-event save "
+            "(its best of 1 and 64 writers)",
+            concurrent,
+            es_best,
+            10.0,
+        )
+    pg = {"backend": "postgresql", "mode": "batch", "batch": 1000, "durability": "full"}
+    raw_pg = _find(rows, impl="raw", **pg)
+    target(
+        "postgresql full: eventlog batch 1000 vs raw psycopg executemany",
+        _find(rows, impl="eventlog", **pg),
+        raw_pg["events_per_s"] if raw_pg else None,
+        0.6,
+    )
+    return targets
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def table(rows: Sequence[dict[str, Any]]) -> Table:
+    out = Table(title="append throughput (median of repeats; spread = min–max)")
+    for name, justify in (
+        ("backend", "left"),
+        ("impl", "left"),
+        ("mode", "left"),
+        ("batch", "right"),
+        ("writers", "right"),
+        ("durability", "left"),
+        ("events/s", "right"),
+        ("spread", "right"),
+        ("p50 ms", "right"),
+        ("p99 ms", "right"),
+        ("ev/commit", "right"),
+        ("× raw", "right"),
+        ("× 1/commit", "right"),
+    ):
+        out.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+    def fmt(value: float | None, digits: int = 2) -> str:
+        return "—" if value is None else f"{value:,.{digits}f}"
+
+    for r in rows:
+        out.add_row(
+            r["backend"],
+            r["impl"],
+            r["mode"],
+            str(r["batch"]),
+            str(r["writers"]),
+            r["durability"],
+            f"{r['events_per_s']:,.0f}",
+            f"{r['events_per_s_min']:,.0f}–{r['events_per_s_max']:,.0f}",
+            fmt(r["p50_ms"], 3),
+            fmt(r["p99_ms"], 3),
+            fmt(r["events_per_commit"], 1),
+            fmt(r.get("ratio_vs_raw")),
+            fmt(r.get("ratio_vs_one_commit")),
+        )
+    return out
+
+
+def print_targets(console: Console, targets: Sequence[dict[str, Any]]) -> None:
+    for t in targets:
+        style = {"PASS": "green", "MISS": "bold red"}.get(t["status"], "yellow")
+        ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}×"
+        console.print(
+            f"[{style}]{t['status']}[/] {t['target']}: {ratio} (need ≥ {t['need']}×)",
+            highlight=False,
+        )
+
+
+def run(
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    scale: float | None = None,
+    backends: Sequence[str] = ("sqlite", "postgresql"),
+    durabilities: Sequence[Durability] = ("full", "normal"),
+    impl_names: Sequence[str] = IMPLS,
+    out_dir: Path | None = None,
+    workdir: Path | None = None,
+    console: Console | None = None,
+) -> Results:
+    """Run the append matrix, print the table and targets, write <out_dir>/append.json."""
+    console = console or Console()
+    repeats = repeats if repeats is not None else (1 if quick else 3)
+    scale = scale if scale is not None else (0.15 if quick else 1.0)
+    made_workdir = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="eventlog-bench-")) if workdir is None else workdir
+    work.mkdir(parents=True, exist_ok=True)
+    results = Results("append", machine(work, {"repeats": repeats, "scale": scale}))
+    rows: list[dict[str, Any]] = []
+
+    def on_row(row: dict[str, Any]) -> None:
+        console.print(
+            f"  {row['backend']:<10} {row['durability']:<6} {row['mode']:<7} "
+            f"batch {row['batch']:>4} writers {row['writers']:>2} {row['impl']:<13} "
+            f"{row['events_per_s']:>10,.0f} ev/s  p99 {row['p99_ms']:.2f} ms",
+            highlight=False,
+        )
+
+    def sweep(stores: Stores, backend_durabilities: Sequence[Durability]) -> None:
+        for durability in backend_durabilities:
+            for setting in settings(stores.backend, durability):
+                rows.extend(
+                    run_setting(
+                        stores,
+                        setting,
+                        impl_names=impl_names,
+                        repeats=repeats,
+                        scale=scale,
+                        on_row=on_row,
+                    )
+                )
+
+    try:
+        if "sqlite" in backends:
+            console.print(f"[bold]SQLite[/] ({work}, {results.header['workdir_filesystem']})")
+            sweep(SqliteStores(work), durabilities)
+        if "postgresql" in backends:
+            try:
+                with pg_server() as server:
+                    stores = PostgresStores(server)
+                    results.header["postgresql"] = stores.settings()
+                    console.print(f"[bold]PostgreSQL[/] {results.header['postgresql']}")
+                    sweep(stores, [d for d in durabilities if d == "full"])
+            except PgUnavailable as exc:
+                reason = f"PostgreSQL rows skipped: {exc}"
+                results.header["postgresql"] = {"skipped": reason}
+                console.print(f"[yellow]{reason}[/]")
+    finally:
+        if made_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    add_ratios(rows)
+    results.rows = rows
+    results.targets = evaluate_targets(rows)
+    console.print(table(rows))
+    print_targets(console, results.targets)
+    if out_dir is not None:
+        for path in results.write(out_dir):
+            console.print(f"wrote {path}")
+    return results

@@ -1,0 +1,134 @@
+"""`eventlog append`: append events given as JSON lines, all of them or none.
+
+Each line: {"stream": "...", "type": "<EventType>", "data": {...fields},
+"expected_version": int | "no_stream" | "any" (optional, default "any"),
+"event_id": "<uuid>" (optional: a retry with the same id and content is a no-op)}.
+Every line is validated before anything is written; then all lines go in one atomic batch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import uuid
+from typing import Any, Literal
+
+import click
+import msgspec
+
+from eventlog.cli._common import json_line, open_log
+from eventlog.errors import InvalidEventError
+from eventlog.events import Event, event_types
+from eventlog.records import ANY, NO_STREAM, AppendRequest, ExpectedVersion, Proposed
+
+
+class AppendLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One input line as written by a script."""
+
+    stream: str
+    type: str
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+    expected_version: int | Literal["no_stream", "any"] = "any"
+    event_id: uuid.UUID | None = None
+
+
+_line_decoder = msgspec.json.Decoder(AppendLine)
+
+
+def parse_line(number: int, text: bytes) -> AppendRequest:
+    """One JSON line as an append request; InvalidEventError names the line and the field."""
+    try:
+        line = _line_decoder.decode(text)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise InvalidEventError(f"line {number}: {exc}") from exc
+    if not line.stream:
+        raise InvalidEventError(f"line {number}: stream must not be empty")
+    cls = event_types().get(line.type)
+    if cls is None:
+        close = difflib.get_close_matches(line.type, event_types(), n=3)
+        raise InvalidEventError(
+            f"line {number}: unknown event type {line.type!r}",
+            hint=(
+                f"did you mean {', '.join(close)}?"
+                if close
+                else "import the module that defines it with --events-module"
+            ),
+        )
+    event = _convert(number, cls, line.data)
+    if line.expected_version == "no_stream":
+        expected: ExpectedVersion = NO_STREAM
+    elif line.expected_version == "any":
+        expected = ANY
+    elif line.expected_version < 0:
+        raise InvalidEventError(
+            f"line {number}: expected_version must be >= 0, found {line.expected_version}"
+        )
+    else:
+        expected = line.expected_version
+    item: Event | Proposed = event if line.event_id is None else Proposed(event, line.event_id)
+    return AppendRequest(line.stream, [item], expected)
+
+
+def _convert(number: int, cls: type[Event], data: dict[str, Any]) -> Event:
+    tag_field = cls.__struct_config__.tag_field
+    unknown = sorted(set(data) - set(cls.__struct_fields__) - {tag_field})
+    if unknown:
+        raise InvalidEventError(
+            f"line {number}: {cls.__name__} has no field {unknown[0]!r} "
+            f"(fields: {', '.join(cls.__struct_fields__)})"
+        )
+    try:
+        return msgspec.convert(data, cls, strict=True)
+    except msgspec.ValidationError as exc:
+        where = str(exc).replace("`$", "`data", 1)
+        raise InvalidEventError(f"line {number}: {cls.__name__}: {where}") from exc
+
+
+@click.command()
+@click.argument("target")
+@click.option(
+    "-i",
+    "--input",
+    "source",
+    type=click.File("rb"),
+    default="-",
+    show_default=True,
+    help="JSON lines file to read ('-' is stdin).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per appended event.")
+def append(target: str, source: Any, as_json: bool) -> None:
+    """Append the events given as JSON lines on stdin to TARGET, atomically.
+
+    \b
+    Each line: {"stream": "group/g1", "type": "GroupAdmitted", "data": {...},
+                "expected_version": 3 | "no_stream" | "any", "event_id": "<uuid>"}
+    A bad line appends nothing; the error names the line and the field.
+    """
+    requests = []
+    for number, raw in enumerate(source, start=1):
+        if raw.strip():
+            requests.append(parse_line(number, raw))
+    if not requests:
+        click.echo("nothing to append", err=True)
+        return
+    with open_log(target) as log:
+        results = log.append_batch(requests)
+    for request, result in zip(requests, results, strict=True):
+        for item, seq, version, event_id in zip(
+            request.events, result.seqs, result.versions, result.event_ids, strict=True
+        ):
+            event = item.event if isinstance(item, Proposed) else item
+            type_name = str(type(event).__struct_config__.tag)
+            if as_json:
+                click.echo(
+                    json_line(
+                        {
+                            "seq": seq,
+                            "stream": result.stream,
+                            "version": version,
+                            "event_id": str(event_id),
+                            "type": type_name,
+                        }
+                    )
+                )
+            else:
+                click.echo(f"{seq}\t{result.stream}\tv{version}\t{type_name}\t{event_id}")

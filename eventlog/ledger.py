@@ -1,0 +1,706 @@
+"""The recovery ledger: the command side of rollout recovery (design §5, §7).
+
+Every command takes a live cut from the mutation barrier, turns its arguments into events,
+folds them into a copy of the state (the rules live in `projections.siblings.fold`, the same
+fold a rebuild uses), appends them atomically with the stream versions this ledger knows, and
+only then adopts the copy. A rejected command raises a typed error and appends nothing. A
+second controller writing the same streams makes the append fail with ConcurrencyError; the
+ledger then refuses further commands until it is reopened.
+
+Superseded attempts: a late result of an attempt that is no longer current raises
+`StaleAttemptError` and appends nothing, like every rejection. Because late results are normal
+traffic, the controller records them for the audit with `record_rejected_result(cut, err)`,
+which appends `StaleResultRejected` to the group's stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from eventlog.config import RecoveryConfig, resolve_granularity
+from eventlog.dataplane.protocol import DataPlane
+from eventlog.errors import (
+    ConcurrencyError,
+    InvalidEventError,
+    LedgerRuleError,
+    ReconciliationError,
+    StaleAttemptError,
+)
+from eventlog.events import (
+    CONTROLLER_STREAM,
+    AttemptFailed,
+    AttemptRef,
+    CheckpointCommitted,
+    Event,
+    FinalizationStarted,
+    FinalizationUnknown,
+    GroupAdmitted,
+    GroupDiscarded,
+    GroupFinalized,
+    GroupReserved,
+    GroupSealed,
+    PromptRef,
+    Receipt,
+    SealResult,
+    SiblingsDispatched,
+    SiblingSealed,
+    StaleResultRejected,
+    group_stream,
+    logical_id,
+)
+from eventlog.log import EventLog
+from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
+from eventlog.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
+from projections.history import RolledBack, rolled_back
+from projections.reconcile import referenced_keys
+from projections.recovery import abandon_events, attempt_ref, retry_events
+from projections.siblings import (
+    AttemptState,
+    GroupState,
+    LedgerState,
+    ReplayEntry,
+    RuleViolation,
+    fold,
+    state_digest,
+)
+
+__all__ = ["Cut", "FinalizationInputs", "RecoveryLedger", "SiblingResult"]
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_NAME = "recovery-ledger"
+DEFAULT_STAGING_PARTITION = "rollout_staging"
+
+
+class Cut(Protocol):
+    """What the ledger needs of a barrier cut (eventlog.barrier.Cut)."""
+
+    def require_live(self) -> None: ...
+
+
+class SiblingResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One sibling's result for `seal_group`; mask_sample has no default on purpose."""
+
+    generation_index: int
+    rollout_id: str
+    receipt: Receipt | None
+    reward: float
+    mask_sample: bool
+
+
+class FinalizationInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What a finalizer needs, in sibling order: which rows become which canonical row."""
+
+    group_id: str
+    prompt_id: str
+    target_step: int | None
+    rollout_ids: list[str]
+    canonical_row_ids: list[str]
+    receipts: list[Receipt | None]
+    rewards: list[float]
+    mask_samples: list[bool]
+
+
+class _Snapshot(msgspec.Struct, kw_only=True):
+    """A snapshot payload: the state and the stream versions it was folded from."""
+
+    state: LedgerState
+    versions: dict[str, int]
+
+
+_check_decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def _check_types(event: Event) -> None:
+    """Round-trip through the codec's validation so a wrong type fails here, not at decode."""
+    cls = type(event)
+    decoder = _check_decoders.setdefault(cls, msgspec.msgpack.Decoder(cls))
+    try:
+        decoder.decode(msgspec.msgpack.encode(event))
+    except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
+        group = getattr(event, "group_id", None)
+        where = f"group {group!r}: " if group else ""
+        raise LedgerRuleError(f"{where}{cls.__name__}: {exc}") from None
+
+
+class RecoveryLedger:
+    """Per-group sibling/attempt ownership, recorded in the log before the controller acts."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        data_plane: DataPlane,
+        *,
+        config: RecoveryConfig | None = None,
+        staging_partition: str | None = None,
+    ) -> None:
+        self.log = log
+        self.data_plane = data_plane
+        self.config = config
+        if staging_partition is None:
+            staging_partition = (
+                config.token_capture.staging_partition if config else DEFAULT_STAGING_PARTITION
+            )
+        self.staging_partition = staging_partition
+        self._state: LedgerState | None = None
+        self._versions: dict[str, int] = {}
+        self._skipped = RolledBack()
+        self._prompts: dict[str, Prompt] = {}
+        self._fenced: str | None = None
+
+    # -- loading ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        log: EventLog,
+        data_plane: DataPlane,
+        *,
+        config: RecoveryConfig | None = None,
+        staging_partition: str | None = None,
+    ) -> RecoveryLedger:
+        """A ledger holding the log's current state (rolled-back records skipped).
+
+        This continues a run whose process stopped without losing its data plane. After a
+        crash that took the data plane with it, use `restore` instead.
+        """
+        ledger = cls(log, data_plane, config=config, staging_partition=staging_partition)
+        head = log.head()
+        controller = [r for r in log.read_stream(CONTROLLER_STREAM) if r.seq <= head]
+        ledger._skipped = rolled_back(controller)
+        ledger._state, ledger._versions = ledger._fold_until(head)
+        return ledger
+
+    def _fold_until(
+        self, until_seq: int, skipped: RolledBack | None = None
+    ) -> tuple[LedgerState, dict[str, int]]:
+        """The effective state at `until_seq`: newest usable snapshot, then the records after."""
+        skipped = self._skipped if skipped is None else skipped
+        snap_seq, snapshot = self._usable_snapshot(until_seq, skipped)
+        state = snapshot.state if snapshot else LedgerState()
+        versions = dict(snapshot.versions) if snapshot else {}
+        if until_seq > snap_seq:
+            for rec in self.log.read(from_seq=snap_seq + 1, until_seq=until_seq):
+                versions[rec.stream] = rec.version
+                if rec.seq in skipped:
+                    continue
+                try:
+                    fold(state, rec.event)
+                except RuleViolation as exc:
+                    raise InvalidEventError(
+                        f"seq {rec.seq} ({rec.type} on stream {rec.stream!r}) breaks a ledger "
+                        f"rule: {exc}",
+                        hint="the log was edited or written by something other than the ledger",
+                    ) from None
+        return state, versions
+
+    def _usable_snapshot(self, until_seq: int, skipped: RolledBack) -> tuple[int, _Snapshot | None]:
+        at: int | None = until_seq
+        while at is not None and at > 0:
+            found = self.log.load_snapshot(SNAPSHOT_NAME, at_or_before_seq=at)
+            if found is None:
+                break
+            seq, payload = found
+            if seq not in skipped:
+                try:
+                    return seq, msgspec.msgpack.decode(payload, type=_Snapshot)
+                except msgspec.DecodeError as exc:
+                    logger.warning(
+                        "snapshot at seq %d is unreadable (%s); folding instead", seq, exc
+                    )
+            at = seq - 1
+        return 0, None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> LedgerState:
+        """A copy of the current state (its values are immutable and shared)."""
+        return self._require_state().copy()
+
+    def group(self, group_id: str) -> GroupState:
+        return self._group(self._require_state(), group_id)
+
+    def digest(self) -> str:
+        return state_digest(self._require_state())
+
+    def prompt(self, group_id: str) -> Prompt:
+        """The runtime prompt of a group (given at reservation, or rehydrated by restore)."""
+        found = self._prompts.get(group_id)
+        if found is None:
+            raise LedgerRuleError(f"group {group_id!r}: no prompt bound in this process")
+        return found
+
+    def finalization_inputs(self, group_id: str) -> FinalizationInputs:
+        group = self.group(group_id)
+        if group.status not in ("ready_to_finalize", "finalizing"):
+            raise LedgerRuleError(f"group {group_id!r}: is {group.status}, not fully sealed")
+        current = [s.current for s in group.siblings]
+        return FinalizationInputs(
+            group_id=group_id,
+            prompt_id=group.prompt_id,
+            target_step=group.target_step,
+            rollout_ids=[a.rollout_id for a in current],
+            canonical_row_ids=[logical_id(group_id, i) for i in range(len(current))],
+            receipts=[a.receipt for a in current],
+            rewards=[a.reward if a.reward is not None else 0.0 for a in current],
+            mask_samples=[bool(a.mask_sample) for a in current],
+        )
+
+    # -- the one write path ----------------------------------------------------------------
+
+    def _require_state(self) -> LedgerState:
+        if self._state is None:
+            raise LedgerRuleError(
+                "the ledger holds no state yet: use RecoveryLedger.open(...) or restore(...)"
+            )
+        return self._state
+
+    @staticmethod
+    def _group(state: LedgerState, group_id: str) -> GroupState:
+        try:
+            return state.group(group_id)
+        except RuleViolation as exc:
+            raise LedgerRuleError(str(exc)) from None
+
+    def _expected(self, stream: str) -> ExpectedVersion:
+        version = self._versions.get(stream)
+        if version is None:
+            version = self.log.stream_version(stream)
+            if version is not None:
+                self._versions[stream] = version
+        return NO_STREAM if version is None else version
+
+    def _commit(
+        self, cut: Cut, batches: Sequence[tuple[str, Sequence[Event]]]
+    ) -> list[AppendResult]:
+        """Validate by folding into a copy, append atomically, then adopt the copy."""
+        cut.require_live()
+        if self._fenced is not None:
+            raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
+        trial = self._require_state().copy()
+        for _, events in batches:
+            for event in events:
+                _check_types(event)
+                try:
+                    fold(trial, event)
+                except RuleViolation as exc:
+                    raise LedgerRuleError(str(exc)) from None
+        requests = [AppendRequest(s, list(evs), self._expected(s)) for s, evs in batches if evs]
+        try:
+            results = self.log.append_batch(requests)
+        except ConcurrencyError as exc:
+            self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
+            raise
+        for result in results:
+            self._versions[result.stream] = result.versions[-1]
+        self._state = trial
+        return results
+
+    def _commit_group(self, cut: Cut, group_id: str, events: Sequence[Event]) -> None:
+        self._commit(cut, [(group_stream(group_id), events)])
+
+    # -- commands: reservation and admission -----------------------------------------------
+
+    def reserve(
+        self,
+        cut: Cut,
+        *,
+        group_id: str,
+        prompt: Prompt,
+        prompt_ref: PromptRef,
+        expected_generations: int,
+        start_weight_version: int,
+        admitted: bool,
+        target_step: int | None = None,
+        admission_id: str | None = None,
+        granularity: str | None = None,
+        agent_name: str | None = None,
+    ) -> GroupState:
+        """Record that a prompt left the dataloader as a group; fixes its granularity for good.
+
+        `granularity` None resolves it from the ledger's config (agent beats task beats
+        default); the stored value is used by every later failure, retry and restore.
+        """
+        cut.require_live()
+        state = self._require_state()
+        where = f"group {group_id!r}"
+        prompt_id = prompt.get("prompt_id") if isinstance(prompt, Mapping) else None
+        if not isinstance(prompt_id, str) or not prompt_id:
+            raise LedgerRuleError(f"{where}: prompt['prompt_id'] must be a non-empty string")
+        if prompt.get("task_name") != prompt_ref.task_name:
+            raise LedgerRuleError(
+                f"{where}: prompt_ref.task_name is {prompt_ref.task_name!r} but the prompt's "
+                f"task_name is {prompt.get('task_name')!r}"
+            )
+        if granularity is None:
+            if self.config is None:
+                raise LedgerRuleError(
+                    f"{where}: no granularity given and the ledger has no config to resolve it"
+                )
+            granularity = resolve_granularity(self.config, prompt).value
+        if agent_name is None:
+            agent_name = _agent_name(prompt)
+        try:
+            digest = prompt_digest(prompt)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise LedgerRuleError(f"{where}: the prompt cannot be fingerprinted: {exc}") from None
+        if group_id not in state.groups:
+            self._refuse_used_group_id(group_id)
+        event = GroupReserved(
+            group_id=group_id,
+            admission_id=admission_id if admission_id is not None else group_id,
+            prompt_ref=prompt_ref,
+            prompt_id=prompt_id,
+            prompt_hash=digest,
+            agent_name=agent_name,
+            granularity=str(granularity),  # type: ignore[arg-type]  # checked by _check_types
+            expected_generations=expected_generations,
+            target_step=target_step,
+            start_weight_version=start_weight_version,
+            admitted=admitted,
+        )
+        self._commit_group(cut, group_id, [event])
+        self._prompts[group_id] = prompt
+        return self.group(group_id)
+
+    def _refuse_used_group_id(self, group_id: str) -> None:
+        """A group id names one group forever; only a rolled-back reservation frees it."""
+        if self._expected(group_stream(group_id)) is NO_STREAM:
+            return
+        for rec in self.log.read_stream(group_stream(group_id)):
+            if rec.seq not in self._skipped:
+                raise LedgerRuleError(
+                    f"group {group_id!r}: the id was already used (stream {rec.stream!r} has "
+                    f"{rec.type} at seq {rec.seq}); a group id is used once"
+                )
+
+    def admit(
+        self, cut: Cut, admission_id: str, *, target_step: int | None, start_weight_version: int
+    ) -> list[str]:
+        """Stamp every reserved group of one admission at once; admission happens once."""
+        state = self._require_state()
+        members = state.admissions.get(admission_id, ())
+        pending = [g for g in members if state.groups[g].phase == "reserved"]
+        if not pending:
+            what = "is already admitted" if members else "has no group in the ledger"
+            raise LedgerRuleError(f"admission {admission_id!r} {what}")
+        events = [
+            GroupAdmitted(
+                group_id=g,
+                admission_id=admission_id,
+                target_step=target_step,
+                start_weight_version=start_weight_version,
+            )
+            for g in pending
+        ]
+        self._commit(cut, [(group_stream(e.group_id), [e]) for e in events])
+        return pending
+
+    # -- commands: generation --------------------------------------------------------------
+
+    def dispatch(
+        self, cut: Cut, group_id: str, generation_indices: Iterable[int] | None = None
+    ) -> list[AttemptRef]:
+        """Hand reserved attempts to workers; None means every reserved sibling."""
+        group = self.group(group_id)
+        wanted = (
+            group.indices("reserved") if generation_indices is None else list(generation_indices)
+        )
+        refs = []
+        for index in wanted:
+            if not 0 <= index < group.expected_generations:
+                raise LedgerRuleError(f"group {group_id!r}, sibling {index}: no such sibling")
+            refs.append(attempt_ref(index, group.siblings[index].current))
+        self._commit_group(cut, group_id, [SiblingsDispatched(group_id=group_id, attempts=refs)])
+        return refs
+
+    def _attempt(self, group: GroupState, index: int, rollout_id: str) -> AttemptState:
+        """The current attempt named by `rollout_id`; a superseded one raises StaleAttemptError."""
+        if not 0 <= index < group.expected_generations:
+            raise LedgerRuleError(f"group {group.group_id!r}, sibling {index}: no such sibling")
+        sibling = group.siblings[index]
+        current = sibling.current
+        where = f"group {group.group_id!r}, sibling {index}"
+        stale = {
+            "group_id": group.group_id,
+            "generation_index": index,
+            "rollout_id": rollout_id,
+            "current_rollout_id": current.rollout_id,
+        }
+        if rollout_id == current.rollout_id:
+            if current.status in ("abandoned", "failed"):
+                raise StaleAttemptError(
+                    f"{where}: attempt {current.attempt} ({rollout_id!r}) was {current.status}; "
+                    "its result is rejected",
+                    **stale,  # type: ignore[arg-type]
+                )
+            return current
+        for old in sibling.attempts[:-1]:
+            if old.rollout_id == rollout_id:
+                raise StaleAttemptError(
+                    f"{where}: attempt {old.attempt} ({rollout_id!r}) was superseded by attempt "
+                    f"{current.attempt} ({current.rollout_id!r}); its result is rejected",
+                    **stale,  # type: ignore[arg-type]
+                )
+        raise LedgerRuleError(
+            f"{where}: unknown rollout id {rollout_id!r}, expected the current attempt "
+            f"{current.attempt} ({current.rollout_id!r})"
+        )
+
+    def fail_attempt(
+        self, cut: Cut, group_id: str, generation_index: int, *, rollout_id: str, error: str
+    ) -> AttemptRef:
+        """Record that a dispatched attempt ended without a sealable result."""
+        group = self.group(group_id)
+        attempt = self._attempt(group, generation_index, rollout_id)
+        event = AttemptFailed(
+            group_id=group_id,
+            generation_index=generation_index,
+            attempt=attempt.attempt,
+            rollout_id=rollout_id,
+            error=error,
+        )
+        self._commit_group(cut, group_id, [event])
+        return attempt_ref(generation_index, attempt)
+
+    def seal_sibling(
+        self,
+        cut: Cut,
+        group_id: str,
+        generation_index: int,
+        *,
+        rollout_id: str,
+        receipt: Receipt | None,
+        reward: float,
+        mask_sample: bool,
+    ) -> bool:
+        """Accept one attempt's result (`sibling` granularity). False: an identical repeat."""
+        group = self.group(group_id)
+        if group.granularity != "sibling":
+            raise LedgerRuleError(
+                f"group {group_id!r}: granularity is {group.granularity}; seal every sibling at "
+                "once with seal_group"
+            )
+        attempt = self._attempt(group, generation_index, rollout_id)
+        result = SealResult(
+            generation_index=generation_index,
+            attempt=attempt.attempt,
+            rollout_id=rollout_id,
+            receipt=receipt,
+            reward=reward,
+            mask_sample=mask_sample,
+        )
+        if attempt.status == "sealed":
+            return self._repeat(group, [result])
+        event = SiblingSealed(
+            group_id=group_id,
+            generation_index=generation_index,
+            attempt=attempt.attempt,
+            rollout_id=rollout_id,
+            receipt=receipt,
+            reward=reward,
+            mask_sample=mask_sample,
+        )
+        self._commit_group(cut, group_id, [event])
+        return True
+
+    def seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> bool:
+        """Accept every sibling's result at once (`prompt_group`); validated whole first."""
+        group = self.group(group_id)
+        if group.granularity != "prompt_group":
+            raise LedgerRuleError(
+                f"group {group_id!r}: granularity is {group.granularity}; seal siblings one by "
+                "one with seal_sibling"
+            )
+        sealed = []
+        for r in results:
+            attempt = self._attempt(group, r.generation_index, r.rollout_id)
+            sealed.append(
+                SealResult(
+                    generation_index=r.generation_index,
+                    attempt=attempt.attempt,
+                    rollout_id=r.rollout_id,
+                    receipt=r.receipt,
+                    reward=r.reward,
+                    mask_sample=r.mask_sample,
+                )
+            )
+        if group.status != "generating" and sealed:
+            return self._repeat(group, sealed)
+        self._commit_group(cut, group_id, [GroupSealed(group_id=group_id, results=sealed)])
+        return True
+
+    @staticmethod
+    def _repeat(group: GroupState, results: Sequence[SealResult]) -> bool:
+        """An identical repeat of an accepted seal is a no-op; anything else is a conflict."""
+        for r in results:
+            held = group.siblings[r.generation_index].current
+            if (held.status, held.receipt, held.reward, held.mask_sample) != (
+                "sealed",
+                r.receipt,
+                r.reward,
+                r.mask_sample,
+            ):
+                raise LedgerRuleError(
+                    f"group {group.group_id!r}, sibling {r.generation_index}: conflicting "
+                    f"duplicate seal of {r.rollout_id!r} (sealed reward={held.reward}, "
+                    f"mask_sample={held.mask_sample}, receipt={held.receipt}; new reward="
+                    f"{r.reward}, mask_sample={r.mask_sample}, receipt={r.receipt})"
+                )
+        return False
+
+    def record_rejected_result(self, cut: Cut, error: StaleAttemptError) -> None:
+        """Make a rejected late result visible in the audit (StaleResultRejected)."""
+        event = StaleResultRejected(
+            group_id=error.group_id,
+            generation_index=error.generation_index,
+            rollout_id=error.rollout_id,
+            current_rollout_id=error.current_rollout_id,
+            reason=str(error),
+        )
+        self._commit_group(cut, error.group_id, [event])
+
+    def abandon_unsealed(self, cut: Cut, group_id: str, *, reason: str) -> list[AttemptRef]:
+        """A live failure: `sibling` abandons in-flight unsealed attempts, `prompt_group` all."""
+        events = abandon_events(self.group(group_id), reason)
+        if events:
+            self._commit_group(cut, group_id, events)
+        return [ref for e in events for ref in e.attempts]  # type: ignore[attr-defined]
+
+    def prepare_retry(self, cut: Cut, group_id: str) -> list[AttemptRef]:
+        """Mint the next attempt for every failed or abandoned sibling (none: no-op)."""
+        cut.require_live()
+        events = retry_events(self.group(group_id))
+        if events:
+            self._commit_group(cut, group_id, events)
+        return [ref for e in events for ref in e.attempts]  # type: ignore[attr-defined]
+
+    # -- commands: finalization and discard ------------------------------------------------
+
+    def start_finalization(self, cut: Cut, group_id: str, *, owner: str) -> FinalizationInputs:
+        """Claim a fully sealed group for finalization; the owner is recorded."""
+        self._commit_group(cut, group_id, [FinalizationStarted(group_id=group_id, owner=owner)])
+        return self.finalization_inputs(group_id)
+
+    def finalize(
+        self, cut: Cut, group_id: str, *, owner: str, min_weight_version: int | None
+    ) -> ReplayEntry:
+        """The canonical rows exist: the group leaves the ledger for the replay buffer."""
+        group = self.group(group_id)
+        event = GroupFinalized(
+            group_id=group_id,
+            owner=owner,
+            prompt_id=group.prompt_id,
+            target_step=group.target_step,
+            canonical_row_ids=[logical_id(group_id, i) for i in range(group.expected_generations)],
+            min_weight_version=min_weight_version,
+        )
+        self._commit_group(cut, group_id, [event])
+        self._prompts.pop(group_id, None)
+        return self._require_state().replay[group_id]
+
+    def mark_finalization_unknown(self, cut: Cut, group_id: str, *, owner: str, error: str) -> None:
+        """Finalization failed ambiguously: no checkpoint until a person resolves it."""
+        event = FinalizationUnknown(group_id=group_id, owner=owner, error=error)
+        self._commit_group(cut, group_id, [event])
+
+    def discard(self, cut: Cut, group_id: str, *, reason: str) -> list[str]:
+        """Drop a group untrained; clears the staging rows it owned (after the append)."""
+        keys = self.group(group_id).staging_keys()
+        event = GroupDiscarded(group_id=group_id, reason=reason, staging_keys=keys)
+        self._commit_group(cut, group_id, [event])
+        self._prompts.pop(group_id, None)
+        if keys:
+            self.data_plane.delete_rows(self.staging_partition, keys)
+        return keys
+
+    # -- checkpoint and restore ------------------------------------------------------------
+
+    def checkpoint(self, cut: Cut, *, step: int, directory: str) -> CheckpointCommitted:
+        """A consistent cut of ledger, data plane and log (inside `barrier.checkpoint()`)."""
+        cut.require_live()
+        if getattr(cut, "exclusive", True) is False:
+            raise LedgerRuleError(
+                "checkpoint needs the barrier's exclusive checkpoint cut, found a mutation cut",
+                hint="async with barrier.checkpoint() as cut: ledger.checkpoint(cut, ...)",
+            )
+        state = self._require_state()
+        for group in state.groups.values():
+            if group.status in ("finalizing", "finalization_unknown"):
+                raise LedgerRuleError(
+                    f"group {group.group_id!r}: cannot checkpoint while it is {group.status} "
+                    f"(owner {group.finalization_owner!r})",
+                    hint="finish or resolve finalization first",
+                )
+        self.check_rows(state)
+        saved = self.data_plane.save_checkpoint(directory)
+        covers_seq, chain = self.log.tail_chain()
+        event = CheckpointCommitted(
+            step=step,
+            data_plane_ref=saved.ref,
+            inventory_digest=saved.inventory_digest,
+            row_count=saved.row_count,
+            ledger_digest=state_digest(state),
+            group_count=len(state.groups),
+            covers_seq=covers_seq,
+            chain=chain.hex(),
+        )
+        (result,) = self._commit(cut, [(CONTROLLER_STREAM, [event])])
+        snapshot = _Snapshot(state=self._require_state(), versions=self._versions)
+        self.log.save_snapshot(SNAPSHOT_NAME, result.seqs[0], msgspec.msgpack.encode(snapshot))
+        logger.info(
+            "checkpoint step %d at seq %d: %d groups, %d data-plane rows",
+            step,
+            result.seqs[0],
+            len(state.groups),
+            saved.row_count,
+        )
+        return event
+
+    def check_rows(self, state: LedgerState | None = None) -> None:
+        """Every staging key a sealed attempt owns must be in the data plane (fail closed)."""
+        state = self._require_state() if state is None else state
+        try:
+            owners = referenced_keys(state)
+        except RuleViolation as exc:
+            raise ReconciliationError(str(exc)) from None
+        present = self.data_plane.list_keys(self.staging_partition)
+        for key, owner in sorted(owners.items()):
+            if key not in present:
+                raise ReconciliationError(
+                    f"group {owner.group_id!r}, sibling {owner.generation_index}, attempt "
+                    f"{owner.attempt}: staging key {key!r} is missing from partition "
+                    f"{self.staging_partition!r}"
+                )
+
+    def restore(self, cut: Cut, dataset: Dataset, *, step: int | None = None) -> RestorePlan:
+        """Go back to a checkpoint (the newest with `step`, or the newest of all when None).
+
+        Loads the checkpoint's data plane, folds the log up to the checkpoint, marks later
+        records rolled back, applies each group's stored granularity, reconciles the staging
+        rows and rehydrates every prompt, then returns the plan (see eventlog.restore).
+        """
+        cut.require_live()
+        try:
+            plan, state, versions, skipped, prompts = run_restore(self, dataset, step)
+        except ConcurrencyError as exc:
+            self._fenced = f"another writer appended to stream {exc.stream!r} during restore"
+            raise
+        self._state, self._versions, self._skipped = state, versions, skipped
+        self._prompts = dict(prompts)
+        self._fenced = None
+        return plan
+
+
+def _agent_name(prompt: Prompt) -> str | None:
+    extra = prompt.get("extra_env_info")
+    if isinstance(extra, Mapping):
+        ref = extra.get("agent_ref")
+        if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
+            return str(ref["name"])
+    return None
