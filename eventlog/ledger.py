@@ -54,6 +54,7 @@ from eventlog.events import (
 )
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
+from eventlog.replay import ReplayOwnership
 from eventlog.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
 from projections.history import RolledBack, rolled_back
 from projections.reconcile import referenced_keys
@@ -151,6 +152,8 @@ class RecoveryLedger:
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._fenced: str | None = None
+        self.replay = ReplayOwnership(self)
+        """Finalized groups the replay buffer owns, by group id (eventlog.replay)."""
 
     # -- loading ---------------------------------------------------------------------------
 

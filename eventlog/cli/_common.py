@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 import msgspec
-from sqlalchemy import exc as sa_exc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from sqlalchemy import exc as sa_exc
 
 from eventlog import codec
 from eventlog.errors import (
@@ -124,7 +124,7 @@ _FRACTION = re.compile(r"^(?P<head>.*?T\d{2}:\d{2}(?::\d{2})?)[.,](?P<frac>\d+)(
 
 
 def format_ns(ns: int) -> str:
-    """UTC nanoseconds as ISO-8601 with all nine fractional digits: 2026-11-29T12:00:00.123456789Z."""
+    """UTC ns as ISO-8601 with nine fractional digits: 2026-11-29T12:00:00.123456789Z."""
     seconds, fraction = divmod(ns, 1_000_000_000)
     stamp = (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{stamp}.{fraction:09d}Z"
@@ -274,7 +274,9 @@ PROGRESS_MIN_RECORDS = 10_000
 
 
 @contextmanager
-def seq_progress(description: str, first_seq: int, last_seq: int) -> Iterator[Any]:
+def seq_progress(
+    description: str, first_seq: int, last_seq: int
+) -> Iterator[Callable[[int], None]]:
     """A progress bar over a seq range on stderr, only when a person is watching a long read.
 
     Yields a function to call with each seq seen (a no-op when no bar is shown).
@@ -303,5 +305,3 @@ def seq_progress(description: str, first_seq: int, last_seq: int) -> Iterator[An
                 progress.update(task, completed=seq - first_seq + 1)
 
         yield advance
-
-

@@ -35,7 +35,8 @@ def _refuse_foreign_or_newer(store: SqlStore, shown: str, current: str | None) -
     if current not in _known_revisions():
         head = migrate.head_revision(store.engine)
         raise LogRevisionError(
-            f"{shown}: log is at schema revision {current}, newer than this eventlog knows ({head})",
+            f"{shown}: log is at schema revision {current}, "
+            f"newer than this eventlog knows ({head})",
             hint="upgrade the eventlog package to use it",
         )
 
@@ -117,4 +118,3 @@ def current(ctx: click.Context, target: str, check: bool) -> None:
     click.echo(f"status:  {state}")
     if check and now != head:
         ctx.exit(ExitCode.REVISION_OR_SCHEMA)
-

@@ -21,7 +21,9 @@ def _parse_anchor(
     seq_text, _, chain = value.partition(":")
     chain = chain.strip().lower()
     if not seq_text.isdigit() or int(seq_text) < 1 or not re.fullmatch(r"[0-9a-f]{64}", chain):
-        raise click.BadParameter(f"expected SEQ:CHAIN (64 hex digits), found {value!r}", param=param)
+        raise click.BadParameter(
+            f"expected SEQ:CHAIN (64 hex digits), found {value!r}", param=param
+        )
     return int(seq_text), chain
 
 
@@ -31,7 +33,9 @@ def check_anchor(log: EventLog, seq: int, chain: str) -> Problem | None:
     if record is None:
         return Problem(seq, "anchor", f"seq {seq} is gone (the log was truncated to {log.head()})")
     if record.chain.hex() != chain:
-        return Problem(seq, "anchor", f"chain at seq {seq} is {record.chain.hex()}, anchor says {chain}")
+        return Problem(
+            seq, "anchor", f"chain at seq {seq} is {record.chain.hex()}, anchor says {chain}"
+        )
     return None
 
 
