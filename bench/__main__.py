@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     console = Console()
+    if not console.is_terminal:  # piped to a file or CI log: keep the table's columns whole
+        console = Console(width=170)
     out = args.out
     if out is None:
         out = Path(tempfile.mkdtemp(prefix="eventlog-bench-quick-")) if args.quick else RESULTS_DIR

@@ -229,7 +229,8 @@ class PostgresStores:
         import psycopg
 
         with psycopg.connect(self.server.conninfo(self.dbname), autocommit=True) as conn:
-            return conn.execute(statement).fetchone()
+            cursor = conn.execute(statement)
+            return cursor.fetchone() if cursor.description else None
 
     @contextlib.contextmanager
     def appender(self, impl: str, durability: Durability, writers: int) -> Iterator[Appender]:

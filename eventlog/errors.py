@@ -136,3 +136,7 @@ class StaleAttemptError(LedgerRuleError):
 
 class PromptIdentityError(ReconciliationError):
     """A prompt rehydrated from the dataset is not the one the group was reserved for."""
+
+
+class RolloutError(EventLogError):
+    """A rollout worker or its vLLM engine failed to run an attempt."""

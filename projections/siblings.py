@@ -498,6 +498,13 @@ def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
     _require(group, status=("generating",), action="prepare a retry")
     indices = [r.generation_index for r in ev.attempts]
     _unique_indices(group, indices, "RetryPrepared", every=group.granularity == "prompt_group")
+    numbers = {ref.attempt for ref in ev.attempts}
+    if group.granularity == "prompt_group" and len(numbers) != 1:
+        raise RuleViolation(
+            f"RetryPrepared mints attempts {sorted(numbers)}; under prompt_group every sibling "
+            "reruns as the same attempt",
+            group_id=group.group_id,
+        )
     updated = group
     for ref in ev.attempts:
         sibling = _sibling(group, ref.generation_index)
@@ -509,11 +516,13 @@ def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
                 "(only a failed or abandoned attempt is retried)",
                 **where,
             )
-        expected = rollout_id_for(group.group_id, ref.generation_index, current.attempt + 1)
-        if ref.attempt != current.attempt + 1 or ref.rollout_id != expected:
+        # Numbers only grow. A gap is legal: a restore skips numbers that rolled-back
+        # history already used, so a rollout id never names two physical runs.
+        expected = rollout_id_for(group.group_id, ref.generation_index, ref.attempt)
+        if ref.attempt <= current.attempt or ref.rollout_id != expected:
             raise RuleViolation(
-                f"the next attempt is {current.attempt + 1} ({expected!r}), found "
-                f"{ref.attempt} ({ref.rollout_id!r})",
+                f"the next attempt must be numbered above {current.attempt} and named "
+                f"{expected!r}, found {ref.attempt} ({ref.rollout_id!r})",
                 **where,
             )
         fresh = AttemptState(attempt=ref.attempt, rollout_id=ref.rollout_id, status="reserved")

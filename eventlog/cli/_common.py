@@ -16,6 +16,7 @@ import click
 import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.text import Text
 from sqlalchemy import exc as sa_exc
 
 from eventlog import codec
@@ -30,7 +31,7 @@ from eventlog.errors import (
     SchemaError,
 )
 from eventlog.log import EventLog, open_store, resolve_url
-from eventlog.records import Record
+from eventlog.records import Record, RecordedEvent
 from eventlog.store import migrate
 
 
@@ -208,6 +209,20 @@ def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
     )
 
 
+def view_decoded(record: RecordedEvent) -> RecordView:
+    """A record the log already decoded (from `read` or `subscribe`)."""
+    return RecordView(
+        seq=record.seq,
+        stream=record.stream,
+        version=record.version,
+        event_id=record.event_id,
+        type=record.type,
+        schema=record.schema,
+        recorded_at=record.recorded_at,
+        data=codec.to_builtins(record.event),
+    )
+
+
 def raw_data(payload: bytes) -> Any:
     """A payload decoded without a schema, as JSON-friendly builtins (None if not msgpack)."""
     try:
@@ -262,8 +277,17 @@ def summary(data: Any) -> str:
 
 
 def stdout_console() -> Console:
-    """Console for results; follows sys.stdout so a live progress bar can redirect it."""
-    return Console(highlight=False, soft_wrap=False)
+    """Console for results; follows sys.stdout so a live progress bar can redirect it.
+
+    Into a pipe or file nothing is cut to a terminal's width (lines are as long as they are).
+    """
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+    return console
+
+
+PIPE_WIDTH = 4096
 
 
 def stderr_console() -> Console:
@@ -305,3 +329,110 @@ def seq_progress(
                 progress.update(task, completed=seq - first_seq + 1)
 
         yield advance
+
+
+class RecordLines:
+    """Records as an aligned table, printed a chunk at a time so memory stays bounded.
+
+    On a terminal the lines are styled with rich and cut to the screen's width; into a pipe
+    or file they are plain text and never cut (rich costs ~80 us a line, too slow for 10^6).
+    Column widths come from the first chunk and only grow, so chunks stay aligned.
+    """
+
+    STREAM_CAP = 40
+    TYPE_CAP = 28
+
+    def __init__(
+        self, console: Console, seq_width: int, *, header: bool = True, chunk: int = 200
+    ) -> None:
+        self.console = console
+        self.styled = console.is_terminal
+        self.seq_width = max(seq_width, 3)
+        self.header = header
+        self.chunk = chunk
+        self.rows: list[RecordView] = []
+        self.stream_width = 0
+        self.type_width = 0
+        self.printed = 0
+
+    def add(self, view: RecordView) -> None:
+        self.rows.append(view)
+        if len(self.rows) >= self.chunk:
+            self.flush()
+
+    def _type_label(self, view: RecordView) -> str:
+        return f"{view.type} v{view.schema}?" if view.unknown else view.type
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        stream_width = max(len(v.stream) for v in self.rows)
+        type_width = max(len(self._type_label(v)) for v in self.rows)
+        self.stream_width = max(self.stream_width, min(stream_width, self.STREAM_CAP), 6)
+        self.type_width = max(self.type_width, min(type_width, self.TYPE_CAP), 4)
+        if self.styled:
+            self._print_styled()
+        else:
+            self._print_plain()
+        self.printed += len(self.rows)
+        self.rows.clear()
+
+    def _cells(self, view: RecordView) -> tuple[str, str, str, str, str, str]:
+        stream, type_label = view.stream, self._type_label(view)
+        if self.styled:
+            stream = _ellipsis(stream, self.stream_width)
+            type_label = _ellipsis(type_label, self.type_width)
+        return (
+            f"{view.seq:>{self.seq_width}}",
+            short_time(view.recorded_at),
+            f"{stream:<{self.stream_width}}",
+            f"{view.version:>4}",
+            f"{type_label:<{self.type_width}}",
+            summary(view.data),
+        )
+
+    def _header_cells(self) -> tuple[str, ...]:
+        return (
+            f"{'seq':>{self.seq_width}}",
+            f"{'time (UTC)':<23}",
+            f"{'stream':<{self.stream_width}}",
+            f"{'ver':>4}",
+            f"{'type':<{self.type_width}}",
+            "fields",
+        )
+
+    def _print_plain(self) -> None:
+        lines = []
+        if self.header and self.printed == 0:
+            lines.append("  ".join(self._header_cells()))
+        lines.extend("  ".join(self._cells(view)).rstrip() for view in self.rows)
+        out = self.console.file
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+
+    def _print_styled(self) -> None:
+        lines = []
+        if self.header and self.printed == 0:
+            lines.append(Text("  ".join(self._header_cells()), style="bold"))
+        for view in self.rows:
+            seq, moment, stream, version, type_label, fields = self._cells(view)
+            lines.append(
+                Text.assemble(
+                    (seq, "bold"),
+                    "  ",
+                    (moment, "dim"),
+                    "  ",
+                    (stream, "green"),
+                    "  ",
+                    version,
+                    "  ",
+                    (type_label, "red" if view.unknown else "cyan"),
+                    "  ",
+                    (fields, "dim" if view.unknown else ""),
+                )
+            )
+        self.console.print(Text("\n").join(lines), no_wrap=True, overflow="ellipsis", crop=True)
+
+
+def _ellipsis(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -80,6 +80,8 @@ def _convert(number: int, cls: type[Event], data: dict[str, Any]) -> Event:
         return msgspec.convert(data, cls, strict=True)
     except msgspec.ValidationError as exc:
         where = str(exc).replace("`$", "`data", 1)
+        if " - at `" not in where:
+            where += " - at `data`"
         raise InvalidEventError(f"line {number}: {cls.__name__}: {where}") from exc
 
 

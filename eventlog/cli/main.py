@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -68,6 +69,10 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (`eventlog replay ... | head`): not a failure of ours.
+            _silence_stdout()
+            ctx.exit(ExitCode.OK)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(ExitCode.INTERRUPTED)
@@ -95,6 +100,15 @@ def _fail(ctx: click.Context, exc: Exception) -> NoReturn:
     if hint:
         click.echo(f"hint: {_one_line(hint)}", err=True)
     ctx.exit(code)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests)
+        pass
 
 
 def _one_line(text: str) -> str:

@@ -6,21 +6,17 @@ from collections.abc import Callable, Iterator
 
 import click
 import msgspec
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from eventlog import codec
 from eventlog.cli._common import (
+    RecordLines,
     RecordView,
     json_line,
     json_object,
     open_log,
     seq_progress,
-    short_time,
     stderr_console,
     stdout_console,
-    summary,
     time_option,
     view_record,
 )
@@ -55,60 +51,6 @@ def _collect_rollout_ids(value: object, found: set[str]) -> None:
     elif isinstance(value, list):
         for item in value:
             _collect_rollout_ids(item, found)
-
-
-class TablePrinter:
-    """Prints records as a table a chunk at a time, so memory stays bounded on any log.
-
-    Column widths are fixed by the first chunk (and the largest seq), so chunks line up.
-    """
-
-    def __init__(self, console: Console, seq_width: int, chunk: int = 200) -> None:
-        self.console = console
-        self.seq_width = max(seq_width, 3)
-        self.chunk = chunk
-        self.rows: list[RecordView] = []
-        self.widths: tuple[int, int] | None = None
-        self.printed = 0
-
-    def add(self, view: RecordView) -> None:
-        self.rows.append(view)
-        if len(self.rows) >= self.chunk:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.rows:
-            return
-        if self.widths is None:
-            stream_width = min(max(len(v.stream) for v in self.rows), 40)
-            type_width = min(max(len(v.type) + (4 if v.unknown else 0) for v in self.rows), 28)
-            self.widths = (max(stream_width, 6), max(type_width, 4))
-        stream_width, type_width = self.widths
-        table = Table(box=None, show_header=self.printed == 0, pad_edge=False, expand=True)
-        table.add_column("seq", justify="right", width=self.seq_width, no_wrap=True)
-        table.add_column("time (UTC)", width=23, no_wrap=True)
-        table.add_column("stream", width=stream_width, no_wrap=True, overflow="ellipsis")
-        table.add_column("ver", justify="right", width=4, no_wrap=True)
-        table.add_column("type", width=type_width, no_wrap=True, overflow="ellipsis")
-        table.add_column("fields", ratio=1, no_wrap=True, overflow="ellipsis")
-        for view in self.rows:
-            if view.unknown:
-                type_cell = Text(f"{view.type} v{view.schema}?", style="red")
-                fields = Text(summary(view.data), style="dim")
-            else:
-                type_cell = Text(view.type, style="cyan")
-                fields = Text(summary(view.data))
-            table.add_row(
-                str(view.seq),
-                short_time(view.recorded_at),
-                view.stream,
-                str(view.version),
-                type_cell,
-                fields,
-            )
-        self.console.print(table)
-        self.printed += len(self.rows)
-        self.rows.clear()
 
 
 @click.command()
@@ -173,10 +115,11 @@ def replay(
         with seq_progress("replay", from_seq, last) as advance:
             views = _views(records, advance, since, until, allow_unknown)
             if as_json:
+                out = click.get_text_stream("stdout")
                 for view in views:
-                    click.echo(json_line(json_object(view)))
+                    out.write(json_line(json_object(view)) + "\n")
                 return
-            printer = TablePrinter(stdout_console(), seq_width=len(str(last)))
+            printer = RecordLines(stdout_console(), seq_width=len(str(last)))
             try:
                 for view in views:
                     printer.add(view)

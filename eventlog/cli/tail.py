@@ -6,51 +6,31 @@ import asyncio
 from collections.abc import Callable
 
 import click
-from rich.console import Console
-from rich.text import Text
 
-from eventlog import codec
 from eventlog.cli._common import (
-    format_ns,
+    RecordLines,
     json_line,
+    json_object,
     open_log,
-    short_time,
     stdout_console,
-    summary,
+    view_decoded,
 )
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
 
 
-def _printer(as_json: bool, console: Console) -> Callable[[RecordedEvent], None]:
-    def show_json(record: RecordedEvent) -> None:
-        click.echo(
-            json_line(
-                {
-                    "seq": record.seq,
-                    "stream": record.stream,
-                    "version": record.version,
-                    "event_id": str(record.event_id),
-                    "type": record.type,
-                    "recorded_at": format_ns(record.recorded_at),
-                    "data": codec.to_builtins(record.event),
-                }
-            )
-        )
+def _printer(as_json: bool) -> Callable[[RecordedEvent], None]:
+    """Print each record at once (a follower must see it now, not at the end of a chunk)."""
+    if as_json:
+        out = click.get_text_stream("stdout")
 
-    def show_line(record: RecordedEvent) -> None:
-        line = Text.assemble(
-            (f"{record.seq:>8} ", "bold"),
-            f"{short_time(record.recorded_at)} ",
-            (record.stream, "green"),
-            f" v{record.version} ",
-            (record.type, "cyan"),
-            " ",
-            summary(codec.to_builtins(record.event)),
-        )
-        console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+        def show_json(record: RecordedEvent) -> None:
+            out.write(json_line(json_object(view_decoded(record))) + "\n")
+            out.flush()
 
-    return show_json if as_json else show_line
+        return show_json
+    lines = RecordLines(stdout_console(), seq_width=8, header=False, chunk=1)
+    return lambda record: lines.add(view_decoded(record))
 
 
 async def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], None]) -> None:
@@ -72,8 +52,12 @@ async def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], 
 @click.option("-f", "--follow", is_flag=True, help="Keep printing records as they are appended.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line (as replay).")
 def tail(target: str, count: int, follow: bool, as_json: bool) -> None:
-    """Print TARGET's newest records; with -f, follow appends until interrupted (Ctrl-C)."""
-    show = _printer(as_json, stdout_console())
+    """Print TARGET's newest records; with -f, follow appends until interrupted (Ctrl-C).
+
+    Following ends with exit 0 on Ctrl-C; a record this program cannot decode ends it with
+    exit 3 (use `replay --allow-unknown` to see such records).
+    """
+    show = _printer(as_json)
     with open_log(target) as log:
         start = max(log.head() - count + 1, 1)
         if not follow:

@@ -146,11 +146,11 @@ class TransferQueueDataPlane:
             return {}
         registered = self._listing(partition)
         missing = [key for key in wanted if FIELDS_TAG not in registered.get(key, {})]
+        if missing:
+            raise MissingRowsError(partition, missing)
         by_fields: dict[str, list[str]] = {}
         for key in wanted:
-            by_fields.setdefault(
-                next(iter(t[FIELDS_TAG] for t in registered.values() if FIELDS_TAG in t), "[]"), []
-            ).append(key)
+            by_fields.setdefault(registered[key][FIELDS_TAG], []).append(key)
         found: dict[str, Row] = {}
         for names_json, group in by_fields.items():
             names: list[str] = json.loads(names_json)
@@ -158,7 +158,7 @@ class TransferQueueDataPlane:
                 batch = tq.kv_batch_get(keys=group, partition_id=partition, select_fields=names)
             except Exception as exc:  # TQ raises ValueError/RuntimeError for absent rows
                 self._raise_missing(partition, group, f"TQ refused the read: {exc}", exc)
-            if False:
+            if batch.batch_size[0] != len(group):
                 self._raise_missing(
                     partition,
                     group,

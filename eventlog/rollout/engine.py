@@ -1,0 +1,392 @@
+"""The one place that imports vLLM: an engine that streams per-sample token deltas to asyncio.
+
+Which vLLM entry point, and why (measured on the 2-core CI machines, tiny model, warm caches):
+
+- ``AsyncLLM`` (V1 streaming): 29–36 s to start, because it always spawns an EngineCore
+  process that re-imports vLLM; the caller's ``__main__`` must be import-safe (spawn), an
+  engine is bound to the first event loop that uses it, and a SIGKILLed worker leaves the
+  core process to die on its own.
+- ``LLMEngine`` in process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): 2.4 s to start (10.5 s with
+  cold compile caches), one process, one resident copy of the model (~1.7 GB peak RSS with the
+  tiny model), and the same tokens for the same seed as ``AsyncLLM``.
+
+We use ``LLMEngine`` in process, driven by one dedicated thread that owns it (construction,
+``add_request``, ``step``, ``abort_request`` all happen there, since vLLM's CPU worker binds
+its threads at start-up). Each ``generate`` call gets a queue on the caller's event loop and
+the engine thread hands deltas over with ``call_soon_threadsafe``, so the engine serves any
+event loop (not only the first) and the loop is never blocked by a forward pass. The price is
+that the forward pass shares the process with the caller; on a GPU the kernels release the
+GIL, and an ``AsyncLLM`` backend can replace this class behind the same interface if a
+deployment needs process isolation.
+
+Environment set before vLLM is imported (each only when the caller has not set it):
+``VLLM_CPU_KVCACHE_SPACE=1`` (GiB; otherwise vLLM reserves most of RAM), ``VLLM_HOST_IP``
+(loopback), ``HF_HUB_OFFLINE=1`` (models are local directories), ``VLLM_RPC_BASE_PATH`` (a
+private temp folder, so socket files do not pile up in /tmp) and ``VLLM_LOGGING_LEVEL``.
+``VLLM_ENABLE_V1_MULTIPROCESSING`` is forced to 0: the in-process design depends on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eventlog.errors import ConfigError, RolloutError
+
+
+def _prepare_environment() -> None:
+    """vLLM reads these at import or engine start; set them before the import below."""
+    defaults = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        rpc_dir = tempfile.mkdtemp(prefix="eventlog-vllm-rpc-")
+        os.environ["VLLM_RPC_BASE_PATH"] = rpc_dir
+        atexit.register(shutil.rmtree, rpc_dir, ignore_errors=True)
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+        logging.getLogger(__name__).warning(
+            "VLLM_ENABLE_V1_MULTIPROCESSING=%s overridden to 0: the rollout engine runs in process",
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
+_prepare_environment()
+
+# Imported at module level on purpose (after the environment above): a lazy import inside a
+# function keeps torchcodec's import-error traceback alive, which pins the engine at exit.
+from vllm import SamplingParams  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.inputs import tokens_input  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
+from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+ParamValue = str | int | float | bool | None
+
+
+def _release_import_tracebacks() -> None:
+    """Drop the traceback vLLM keeps from torchcodec's failed import (it pins frames at exit)."""
+    audio = sys.modules.get("vllm.multimodal.media.audio")
+    exc = getattr(audio, "_torchcodec_import_exc", None)
+    if isinstance(exc, BaseException):
+        exc.__traceback__ = None
+
+
+_release_import_tracebacks()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to start an engine: a local Hugging Face model directory and its limits."""
+
+    model: str
+    dtype: str = "bfloat16"
+    max_model_len: int = 512
+    enforce_eager: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        path = Path(self.model)
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model {self.model!r}: expected a local Hugging Face model directory with "
+                "config.json, found none (build one with `python -m eventlog.rollout.tiny_model "
+                "DIR`)"
+            )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of one engine call (a subset of vLLM's, recorded in the log)."""
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ConfigError(f"sampling.n: expected >= 1, found {self.n}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"sampling.max_tokens: expected >= 1, found {self.max_tokens}")
+
+    def as_record(self) -> dict[str, ParamValue]:
+        """The parameters as a flat dict of scalars, for GenerationStarted."""
+        return {
+            "n": self.n,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+        }
+
+    def _vllm(self) -> SamplingParams:
+        return SamplingParams(
+            n=self.n,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+            logprobs=0,  # the sampled token's own logprob only
+            detokenize=False,  # rewards decode whole completions; per-token text is not needed
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+
+@dataclass(frozen=True)
+class SampleDelta:
+    """New tokens of one sample of a request since its previous delta."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str | None
+    """Set on the sample's last delta ("stop", "length", "abort"); None while it runs."""
+
+
+_END = object()
+
+
+@dataclass
+class _Sink:
+    """Where the engine thread delivers one request's deltas: a queue on the caller's loop."""
+
+    loop: asyncio.AbstractEventLoop
+    n: int
+    queue: asyncio.Queue[object] = field(default_factory=asyncio.Queue)
+    finished: set[int] = field(default_factory=set)
+    closed: bool = False
+
+    def push(self, item: object) -> bool:
+        """Hand `item` to the caller's loop; False when that loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop was closed: nobody will read this request any more
+            return False
+        return True
+
+
+class VllmEngine:
+    """One in-process vLLM engine, stepped by its own thread, streaming to asyncio callers."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._request_ids = itertools.count()
+        self._engine: LLMEngine | None = None
+        self._tokenizer_lock = threading.Lock()
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
+
+    @classmethod
+    def start(cls, config: EngineConfig) -> VllmEngine:
+        """Start the engine thread and wait until the model is loaded (seconds)."""
+        engine = cls(config)
+        started = time.perf_counter()
+        engine._thread.start()
+        engine._ready.result()
+        logger.info("vLLM engine for %s ready in %.1f s", config.model, time.perf_counter() - started)
+        return engine
+
+    @property
+    def model_name(self) -> str:
+        """The model as recorded in GenerationStarted (its directory name)."""
+        return Path(self.config.model).name or self.config.model
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` with the engine's own tokenizer (no special tokens added)."""
+        tokenizer = self._live().get_tokenizer()
+        with self._tokenizer_lock:
+            return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Text of `token_ids`, special tokens dropped."""
+        tokenizer = self._live().get_tokenizer()
+        with self._tokenizer_lock:
+            return str(tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
+    ) -> AsyncIterator[SampleDelta]:
+        """Stream deltas of every sample until each has its own finish_reason.
+
+        Leaving the loop early (break, exception, cancellation) aborts the request in the engine.
+        """
+        if not prompt_token_ids:
+            raise RolloutError(f"request {request_id!r}: the prompt has no tokens")
+        self._live()
+        sink = _Sink(loop=asyncio.get_running_loop(), n=sampling.n)
+        unique_id = f"{request_id}#{next(self._request_ids)}"
+        self._commands.put(("add", (unique_id, list(prompt_token_ids), sampling, sink)))
+        try:
+            while True:
+                item = await sink.queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, SampleDelta)
+                yield item
+        finally:
+            if not sink.closed:
+                self._commands.put(("abort", unique_id))
+
+    def close(self) -> None:
+        """Stop the engine thread and release the model; idempotent."""
+        if self._thread.is_alive():
+            self._commands.put(("stop", None))
+            self._thread.join()
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def _live(self) -> LLMEngine:
+        if self._dead is not None:
+            raise RolloutError(f"vLLM engine for {self.config.model!r} is dead: {self._dead}")
+        if self._engine is None:
+            raise RolloutError(f"vLLM engine for {self.config.model!r} is not running")
+        return self._engine
+
+    def _run(self) -> None:
+        try:
+            engine = LLMEngine.from_engine_args(
+                EngineArgs(
+                    model=self.config.model,
+                    dtype=self.config.dtype,
+                    enforce_eager=self.config.enforce_eager,
+                    max_model_len=self.config.max_model_len,
+                    seed=self.config.seed,
+                    disable_log_stats=True,
+                )
+            )
+        except BaseException as exc:
+            self._ready.set_exception(
+                RolloutError(f"vLLM engine for {self.config.model!r} failed to start: {exc}")
+            )
+            return
+        _release_import_tracebacks()
+        self._engine = engine
+        self._ready.set_result(None)
+        sinks: dict[str, _Sink] = {}
+        try:
+            while self._serve(engine, sinks):
+                pass
+        except BaseException as exc:  # the engine is unusable: fail every open request
+            logger.exception("vLLM engine for %s died", self.config.model)
+            self._dead = exc
+            error = RolloutError(f"vLLM engine for {self.config.model!r} died: {exc}")
+            for sink in sinks.values():
+                sink.closed = True
+                sink.push(error)
+        finally:
+            self._engine = None
+            with contextlib.suppress(Exception):
+                engine.engine_core.shutdown()
+
+    def _serve(self, engine: LLMEngine, sinks: dict[str, _Sink]) -> bool:
+        """Apply pending commands, then run one step; False once asked to stop."""
+        busy = engine.has_unfinished_requests()
+        while True:
+            try:
+                command, payload = self._commands.get(block=not busy)
+            except queue.Empty:
+                break
+            if command == "stop":
+                for sink in sinks.values():
+                    sink.closed = True
+                    sink.push(RolloutError(f"vLLM engine for {self.config.model!r} was closed"))
+                return False
+            if command == "add":
+                request_id, prompt, sampling, sink = payload  # type: ignore[misc]
+                try:
+                    engine.add_request(request_id, tokens_input(prompt), sampling._vllm())
+                except Exception as exc:
+                    sink.closed = True
+                    sink.push(RolloutError(f"request {request_id!r} was refused by vLLM: {exc}"))
+                else:
+                    sinks[request_id] = sink
+            elif command == "abort":
+                assert isinstance(payload, str)
+                if sinks.pop(payload, None) is not None:
+                    engine.abort_request([payload])
+            busy = engine.has_unfinished_requests()
+        if busy:
+            for output in engine.step():
+                self._deliver(engine, output, sinks)
+        return True
+
+    def _deliver(self, engine: LLMEngine, output: object, sinks: dict[str, _Sink]) -> None:
+        request_id = getattr(output, "request_id", None)
+        sink = sinks.get(request_id) if isinstance(request_id, str) else None
+        if sink is None:
+            return  # aborted by its caller while this step ran
+        for sample in getattr(output, "outputs", ()):
+            token_ids = tuple(int(t) for t in sample.token_ids)
+            logprobs = _sampled_logprobs(token_ids, sample.logprobs)
+            delta = SampleDelta(sample.index, token_ids, logprobs, sample.finish_reason)
+            if sample.finish_reason is not None:
+                sink.finished.add(sample.index)
+            if not sink.push(delta):
+                del sinks[request_id]  # type: ignore[arg-type]
+                engine.abort_request([request_id])  # type: ignore[list-item]
+                return
+        if len(sink.finished) == sink.n:
+            sink.closed = True
+            sink.push(_END)
+            del sinks[request_id]  # type: ignore[arg-type]
+        elif getattr(output, "finished", False):
+            missing = sorted(set(range(sink.n)) - sink.finished)
+            sink.closed = True
+            sink.push(
+                RolloutError(
+                    f"request {request_id!r}: vLLM finished without a finish_reason for "
+                    f"samples {missing}"
+                )
+            )
+            del sinks[request_id]  # type: ignore[arg-type]
+
+
+def _sampled_logprobs(token_ids: tuple[int, ...], logprobs: object) -> tuple[float, ...]:
+    """The sampled token's logprob at each position (vLLM adds top-k entries beside it)."""
+    if logprobs is None:
+        raise RolloutError("vLLM returned no logprobs although they were requested")
+    found: list[float] = []
+    for position, (token, entries) in enumerate(zip(token_ids, logprobs, strict=True)):
+        entry = entries.get(token)
+        if entry is None:
+            raise RolloutError(
+                f"vLLM returned no logprob for the sampled token {token} at position {position}"
+            )
+        found.append(float(entry.logprob))
+    return tuple(found)

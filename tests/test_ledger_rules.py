@@ -1,0 +1,502 @@
+"""The ledger's domain rules (design §5): each rejected command raises and appends nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventlog import EventLog
+from eventlog.errors import (
+    BarrierError,
+    ConcurrencyError,
+    LedgerRuleError,
+    StaleAttemptError,
+)
+from eventlog.events import PromptRef, Receipt, StaleResultRejected, group_stream
+from eventlog.ledger import RecoveryLedger, SiblingResult
+from tests.fixtures.ledger import Harness, harness, make_prompt  # noqa: F401
+
+
+def _sealed(h: Harness, gid: str) -> list[int]:
+    return h.ledger.group(gid).indices("sealed")
+
+
+def test_identity_follows_logical_ids_and_attempt_suffixes(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    assert [s.current.rollout_id for s in h.ledger.group("g1").siblings] == ["g1_g0", "g1_g1"]
+    h.dispatch("g1")
+    h.run(lambda cut: h.ledger.abandon_unsealed(cut, "g1", reason="worker lost"))
+    h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    assert [s.current.rollout_id for s in h.ledger.group("g1").siblings] == ["g1_g0-a1", "g1_g1-a1"]
+
+
+def test_seal_makes_group_ready_when_every_sibling_is_sealed(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    assert h.ledger.group("g1").status == "generating"
+    h.seal("g1", 1)
+    assert h.ledger.group("g1").status == "ready_to_finalize"
+
+
+def test_identical_repeated_seal_is_a_noop_and_a_different_one_conflicts(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    receipt = h.stage("g1_g0")
+
+    def seal(reward: float) -> bool:
+        return h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut, "g1", 0, rollout_id="g1_g0", receipt=receipt, reward=reward, mask_sample=False
+            )
+        )
+
+    assert seal(1.0) is True
+    head = h.log.head()
+    assert seal(1.0) is False
+    assert h.log.head() == head
+    with pytest.raises(LedgerRuleError, match="conflicting duplicate seal"):
+        seal(0.5)
+    assert h.log.head() == head
+
+
+def test_stale_attempt_seal_is_rejected_and_appends_nothing(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    late = h.stage("g1_g0")
+    h.run(lambda cut: h.ledger.abandon_unsealed(cut, "g1", reason="timeout"))
+    h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    h.dispatch("g1")
+    head = h.log.head()
+    with pytest.raises(StaleAttemptError, match="superseded by attempt 1") as caught:
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut, "g1", 0, rollout_id="g1_g0", receipt=late, reward=1.0, mask_sample=False
+            )
+        )
+    assert h.log.head() == head
+    assert h.ledger.group("g1").siblings[0].current.status == "dispatched"
+    # The rejection becomes visible in the audit only through the explicit call.
+    h.run(lambda cut: h.ledger.record_rejected_result(cut, caught.value))
+    last = h.records(group_stream("g1"))[-1].event
+    assert isinstance(last, StaleResultRejected)
+    assert (last.rollout_id, last.current_rollout_id) == ("g1_g0", "g1_g0-a1")
+
+
+def test_result_of_an_abandoned_current_attempt_is_stale(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    h.run(lambda cut: h.ledger.abandon_unsealed(cut, "g1", reason="timeout"))
+    with pytest.raises(StaleAttemptError, match="was abandoned"):
+        h.seal("g1", 0)
+
+
+def test_receipt_must_name_the_sealed_rollout(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match="receipt names rollout 'other'"):
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut,
+                "g1",
+                0,
+                rollout_id="g1_g0",
+                receipt=Receipt(rollout_id="other", staging_keys=[]),
+                reward=1.0,
+                mask_sample=False,
+            )
+        )
+    assert h.log.head() == head
+
+
+def test_undispatched_attempt_cannot_be_sealed(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    with pytest.raises(LedgerRuleError, match="is reserved, expected dispatched"):
+        h.seal("g1", 0, receipt=False)
+
+
+def test_mask_sample_is_required_with_no_default(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    head = h.log.head()
+    with pytest.raises(TypeError, match="mask_sample"):
+        h.run(
+            lambda cut: h.ledger.seal_sibling(  # type: ignore[call-arg]
+                cut, "g1", 0, rollout_id="g1_g0", receipt=None, reward=1.0
+            )
+        )
+    with pytest.raises(LedgerRuleError, match="mask_sample"):
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut,
+                "g1",
+                0,
+                rollout_id="g1_g0",
+                receipt=None,
+                reward=1.0,
+                mask_sample=None,  # type: ignore[arg-type]
+            )
+        )
+    with pytest.raises(TypeError, match="mask_sample"):
+        SiblingResult(generation_index=0, rollout_id="g1_g0", receipt=None, reward=1.0)  # type: ignore[call-arg]
+    assert h.log.head() == head
+
+
+def test_non_finite_reward_is_refused(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    with pytest.raises(LedgerRuleError, match="finite"):
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut,
+                "g1",
+                0,
+                rollout_id="g1_g0",
+                receipt=None,
+                reward=float("nan"),
+                mask_sample=True,
+            )
+        )
+
+
+@pytest.mark.parametrize("granularity", ["sibling", "prompt_group"])
+def test_missing_receipt_is_a_sealed_placeholder_that_owns_no_rows(
+    harness: Harness, granularity: str
+) -> None:
+    h = harness
+    h.reserve("g1", n=2, granularity=granularity)
+    h.dispatch("g1")
+    if granularity == "sibling":
+        h.seal("g1", 0, receipt=False)
+        h.seal("g1", 1)
+    else:
+        receipt = h.stage("g1_g1")
+        h.run(
+            lambda cut: h.ledger.seal_group(
+                cut,
+                "g1",
+                [
+                    SiblingResult(
+                        generation_index=0,
+                        rollout_id="g1_g0",
+                        receipt=None,
+                        reward=0.0,
+                        mask_sample=True,
+                    ),
+                    SiblingResult(
+                        generation_index=1,
+                        rollout_id="g1_g1",
+                        receipt=receipt,
+                        reward=1.0,
+                        mask_sample=False,
+                    ),
+                ],
+            )
+        )
+    group = h.ledger.group("g1")
+    assert group.status == "ready_to_finalize"
+    assert group.siblings[0].current.receipt is None
+    assert group.staging_keys() == ["g1_g1/call-0", "g1_g1/call-1"]
+    inputs = h.ledger.finalization_inputs("g1")
+    assert inputs.receipts[0] is None
+    assert inputs.canonical_row_ids == ["g1_g0", "g1_g1"]
+    # The placeholder survives a checkpoint and a restore in a fresh process.
+    h.checkpoint(1)
+    h.fresh_process()
+    plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset))
+    (restored,) = plan.admitted
+    assert [s.staging_keys for s in restored.sealed] == [[], ["g1_g1/call-0", "g1_g1/call-1"]]
+    assert restored.redispatch == []
+
+
+def test_prompt_group_refuses_single_sibling_seals(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2, granularity="prompt_group")
+    h.dispatch("g1")
+    with pytest.raises(LedgerRuleError, match="seal every sibling at once"):
+        h.seal("g1", 0)
+
+
+def test_prompt_group_seal_is_atomic_and_a_partial_set_seals_nothing(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=3, granularity="prompt_group")
+    h.dispatch("g1")
+    receipts = [h.stage(f"g1_g{i}") for i in range(3)]
+    results = [
+        SiblingResult(
+            generation_index=i,
+            rollout_id=f"g1_g{i}",
+            receipt=receipts[i],
+            reward=1.0,
+            mask_sample=False,
+        )
+        for i in range(3)
+    ]
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match="must name every sibling"):
+        h.run(lambda cut: h.ledger.seal_group(cut, "g1", results[:2]))
+    bad_last = [
+        *results[:2],
+        SiblingResult(
+            generation_index=2,
+            rollout_id="g1_g2",
+            receipt=receipts[0],
+            reward=1.0,
+            mask_sample=False,
+        ),
+    ]
+    with pytest.raises(LedgerRuleError, match="receipt names rollout"):
+        h.run(lambda cut: h.ledger.seal_group(cut, "g1", bad_last))
+    assert h.log.head() == head
+    assert h.ledger.group("g1").indices("dispatched") == [0, 1, 2]
+    assert h.ledger.group("g1").staging_keys() == []
+    assert h.run(lambda cut: h.ledger.seal_group(cut, "g1", results)) is True
+    assert _sealed(h, "g1") == [0, 1, 2]
+    assert h.run(lambda cut: h.ledger.seal_group(cut, "g1", results)) is False
+
+
+def test_sibling_live_failure_abandons_and_retries_only_unsealed(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=3)
+    h.dispatch("g1")
+    h.seal("g1", 1)
+    abandoned = h.run(lambda cut: h.ledger.abandon_unsealed(cut, "g1", reason="env crashed"))
+    assert [r.generation_index for r in abandoned] == [0, 2]
+    retried = h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    assert [(r.generation_index, r.rollout_id) for r in retried] == [
+        (0, "g1_g0-a1"),
+        (2, "g1_g2-a1"),
+    ]
+    group = h.ledger.group("g1")
+    assert group.siblings[1].current.rollout_id == "g1_g1"
+    assert group.siblings[1].current.status == "sealed"
+
+
+def test_prompt_group_live_failure_abandons_and_retries_every_sibling(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=3, granularity="prompt_group")
+    h.dispatch("g1")
+    h.run(lambda cut: h.ledger.fail_attempt(cut, "g1", 1, rollout_id="g1_g1", error="OOM"))
+    with pytest.raises(LedgerRuleError, match="abandon_unsealed first"):
+        h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    abandoned = h.run(lambda cut: h.ledger.abandon_unsealed(cut, "g1", reason="sibling 1 failed"))
+    assert [r.generation_index for r in abandoned] == [0, 1, 2]
+    retried = h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    assert [r.rollout_id for r in retried] == ["g1_g0-a1", "g1_g1-a1", "g1_g2-a1"]
+
+
+def test_dispatch_requires_admission_and_prompt_group_dispatches_whole(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2, admitted=False, target_step=None)
+    with pytest.raises(LedgerRuleError, match="before admission"):
+        h.dispatch("g1")
+    h.reserve("g2", n=2, granularity="prompt_group")
+    with pytest.raises(LedgerRuleError, match="must name every sibling"):
+        h.dispatch("g2", [0])
+
+
+def test_admission_happens_once_for_the_whole_admission(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", admitted=False, target_step=None, admission_id="batch-1")
+    h.reserve("g2", admitted=False, target_step=None, admission_id="batch-1")
+    admitted = h.run(
+        lambda cut: h.ledger.admit(cut, "batch-1", target_step=4, start_weight_version=3)
+    )
+    assert admitted == ["g1", "g2"]
+    assert {(g.phase, g.target_step) for g in h.ledger.state.groups.values()} == {("admitted", 4)}
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match="already admitted"):
+        h.run(lambda cut: h.ledger.admit(cut, "batch-1", target_step=5, start_weight_version=3))
+    assert h.log.head() == head
+
+
+def test_groups_of_one_admission_must_agree_on_phase_and_target_step(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", admitted=True, target_step=7, admission_id="batch-1")
+    with pytest.raises(LedgerRuleError, match="must agree"):
+        h.reserve("g2", admitted=False, target_step=None, admission_id="batch-1")
+    with pytest.raises(LedgerRuleError, match="must agree"):
+        h.reserve("g3", admitted=True, target_step=8, admission_id="batch-1")
+    h.reserve("g4", admitted=True, target_step=7, admission_id="batch-1")
+
+
+def test_target_step_none_does_not_mean_unadmitted(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", admitted=True, target_step=None)
+    assert h.ledger.group("g1").phase == "admitted"
+    h.dispatch("g1")
+
+
+def test_a_group_id_is_used_once(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    with pytest.raises(LedgerRuleError, match="already reserved"):
+        h.reserve("g1", n=1)
+    h.run(lambda cut: h.ledger.discard(cut, "g1", reason="test"))
+    with pytest.raises(LedgerRuleError, match="already used"):
+        h.reserve("g1", n=1)
+
+
+def test_granularity_is_resolved_once_from_config_at_reservation(harness: Harness) -> None:
+    from eventlog.config import config_from_dict
+
+    h = harness
+    config = config_from_dict(
+        {
+            "rollout_recovery": {
+                "default_granularity": "sibling",
+                "task_granularity_overrides": {"code": "prompt_group"},
+                "agent_granularity_overrides": {"solver": "sibling"},
+            },
+            "token_capture": {"enabled": True},
+            "checkpointing": {"save_data_plane": True},
+        }
+    )
+    h.ledger.config = config
+    h.reserve("task-only", granularity=None, task="code")
+    h.reserve("agent-wins", granularity=None, task="code", agent="solver")
+    assert h.ledger.group("task-only").granularity == "prompt_group"
+    assert h.ledger.group("agent-wins").granularity == "sibling"
+    assert h.ledger.group("agent-wins").agent_name == "solver"
+
+
+def test_unknown_granularity_is_refused(harness: Harness) -> None:
+    h = harness
+    with pytest.raises(LedgerRuleError, match="granularity"):
+        h.reserve("g1", granularity="per_token")
+    assert h.log.head() == 0
+
+
+def test_every_command_needs_a_live_cut_and_a_stale_one_appends_nothing(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    stale = h.run(lambda cut: cut)
+    with pytest.raises(BarrierError, match="stale"):
+        h.ledger.dispatch(stale, "g1")
+    with pytest.raises(BarrierError, match="stale"):
+        h.ledger.reserve(
+            stale,
+            group_id="g2",
+            prompt=make_prompt("g2"),
+            prompt_ref=PromptRef(sample_id="g2", task_name="math"),
+            expected_generations=1,
+            start_weight_version=0,
+            admitted=True,
+            granularity="sibling",
+        )
+    assert h.log.head() == 1
+
+
+def test_checkpoint_needs_the_exclusive_cut(harness: Harness) -> None:
+    h = harness
+    with pytest.raises(LedgerRuleError, match="exclusive checkpoint cut"):
+        h.run(lambda cut: h.ledger.checkpoint(cut, step=1, directory=str(h.path.parent / "x")))
+
+
+def test_second_controller_writing_concurrently_gets_concurrency_error(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    other_log = EventLog.open(h.path)
+    try:
+        other = RecoveryLedger.open(other_log, h.data_plane)
+        receipt = h.stage("g1_g0")
+        h.seal("g1", 1)  # the first controller moves on
+        head = h.log.head()
+
+        async def stale_seal() -> None:
+            async with h.barrier.mutation("other") as cut:
+                other.seal_sibling(
+                    cut, "g1", 0, rollout_id="g1_g0", receipt=receipt, reward=1.0, mask_sample=False
+                )
+
+        with pytest.raises(ConcurrencyError):
+            asyncio.run(stale_seal())
+        assert h.log.head() == head
+        with pytest.raises(LedgerRuleError, match="stale"):
+            asyncio.run(stale_seal())
+    finally:
+        other_log.close()
+
+
+def test_finalization_ownership_is_recorded_and_enforced(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="finalizer-a"))
+    with pytest.raises(LedgerRuleError, match="already being finalized by 'finalizer-a'"):
+        h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="finalizer-b"))
+    with pytest.raises(LedgerRuleError, match="owned by 'finalizer-a', not 'finalizer-b'"):
+        h.run(lambda cut: h.ledger.finalize(cut, "g1", owner="finalizer-b", min_weight_version=0))
+    # A restart (rebuild from the file) still knows who owns it.
+    h.reopen()
+    with pytest.raises(LedgerRuleError, match="already being finalized"):
+        h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="finalizer-b"))
+    entry = h.run(
+        lambda cut: h.ledger.finalize(cut, "g1", owner="finalizer-a", min_weight_version=0)
+    )
+    assert entry.canonical_row_ids == ("g1_g0",)
+    with pytest.raises(LedgerRuleError, match="finalized: the replay buffer owns it"):
+        h.run(lambda cut: h.ledger.finalize(cut, "g1", owner="finalizer-a", min_weight_version=0))
+    h.reopen()
+    with pytest.raises(LedgerRuleError, match="finalized: the replay buffer owns it"):
+        h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="finalizer-a"))
+
+
+@pytest.mark.parametrize("unknown", [False, True])
+def test_no_checkpoint_while_a_group_is_finalizing_or_unknown(
+    harness: Harness, unknown: bool
+) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="f"))
+    if unknown:
+        h.run(
+            lambda cut: h.ledger.mark_finalization_unknown(cut, "g1", owner="f", error="rpc lost")
+        )
+    head = h.log.head()
+    status = "finalization_unknown" if unknown else "finalizing"
+    with pytest.raises(LedgerRuleError, match=f"cannot checkpoint while it is {status}"):
+        h.checkpoint(1)
+    assert h.log.head() == head
+
+
+def test_checkpoint_fails_closed_when_a_sealed_row_is_missing(harness: Harness) -> None:
+    h = harness
+    from eventlog.errors import ReconciliationError
+
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 1)
+    h.data_plane.delete_rows("rollout_staging", ["g1_g1/call-1"])
+    head = h.log.head()
+    with pytest.raises(
+        ReconciliationError, match=r"group 'g1', sibling 1, attempt 0: staging key 'g1_g1/call-1'"
+    ):
+        h.checkpoint(1)
+    assert h.log.head() == head
+
+
+def test_discard_clears_the_rows_the_group_owned(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    cleared = h.run(lambda cut: h.ledger.discard(cut, "g1", reason="too stale"))
+    assert cleared == ["g1_g0/call-0", "g1_g0/call-1"]
+    assert h.data_plane.list_keys("rollout_staging") == {}
+    assert "g1" not in h.ledger.state.groups

@@ -1,0 +1,383 @@
+"""Checkpoint and restore (design §7): what comes back, what reruns, what is rolled back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from eventlog.config import config_from_dict
+from eventlog.errors import LedgerRuleError, PromptIdentityError
+from eventlog.events import (
+    CONTROLLER_STREAM,
+    GroupFinalized,
+    RestoreCompleted,
+    RestoreStarted,
+    group_stream,
+)
+from eventlog.ledger import RecoveryLedger
+from projections.history import effective, rolled_back
+from projections.siblings import state_digest
+from tests.fixtures.ledger import Harness, harness  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _restore(h: Harness, step: int | None = None):  # type: ignore[no-untyped-def]
+    return h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=step), kind="recovery_restore")
+
+
+def _rebuilt_digest(h: Harness) -> str:
+    """The digest of a ledger rebuilt from the file, as a crash-and-reopen would see it."""
+    return RecoveryLedger.open(h.log, h.data_plane).digest()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from eventlog import EventLog
+    from eventlog.barrier import MutationBarrier
+    from eventlog.dataplane.memory import InMemoryDataPlane
+    from eventlog.ledger import RecoveryLedger
+
+    class Dataset:
+        def __init__(self, prompts): self.prompts = prompts
+        def get(self, sample_id): return self.prompts[sample_id]
+
+    async def main():
+        path, prompts = sys.argv[1], json.loads(sys.argv[2])
+        log = EventLog.open(path)
+        data_plane = InMemoryDataPlane()          # the old process's rows died with it
+        ledger = RecoveryLedger(log, data_plane)
+        async with MutationBarrier().mutation("recovery_restore") as cut:
+            plan = ledger.restore(cut, Dataset(prompts))
+        out = {
+            "groups": {
+                p.group_id: {
+                    "sealed": [[s.generation_index, s.attempt, s.rollout_id, s.staging_keys,
+                                s.reward, s.target_step] for s in p.sealed],
+                    "redispatch": [[r.generation_index, r.rollout_id] for r in p.redispatch],
+                }
+                for p in plan.admitted
+            },
+            "rows": sorted(data_plane.list_keys("rollout_staging")),
+            "counts": plan.counts,
+        }
+        log.close()
+        print(json.dumps(out))
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_sealed_siblings_are_reused_across_a_process_restart(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=3, target_step=5)
+    h.dispatch("g1")
+    h.seal("g1", 0, reward=0.25)
+    h.seal("g1", 2, reward=0.75)
+    rows_before = sorted(h.data_plane.list_keys("rollout_staging"))
+    h.checkpoint(5)
+    h.log.close()
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(h.path), json.dumps(h.dataset.prompts)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert child.returncode == 0, child.stderr
+    out = json.loads(child.stdout.strip().splitlines()[-1])
+    group = out["groups"]["g1"]
+    assert group["sealed"] == [
+        [0, 0, "g1_g0", ["g1_g0/call-0", "g1_g0/call-1"], 0.25, 5],
+        [2, 0, "g1_g2", ["g1_g2/call-0", "g1_g2/call-1"], 0.75, 5],
+    ]
+    assert group["redispatch"] == [[1, "g1_g1-a1"]]
+    assert out["rows"] == rows_before
+    assert out["counts"] == {
+        "groups_restored": 1,
+        "siblings_reused": 2,
+        "siblings_redispatched": 1,
+        "rows_cleared": 0,
+    }
+
+
+def test_prompt_group_restart_retries_every_sibling_when_one_is_unfinished(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.reserve("open", n=3, granularity="prompt_group")
+    h.reserve("done", n=2, granularity="prompt_group")
+    h.dispatch("open")
+    h.dispatch("done")
+    stray = h.stage("open_g0")  # a sibling finished, but the group never sealed
+    from eventlog.ledger import SiblingResult
+
+    receipts = [h.stage(f"done_g{i}") for i in range(2)]
+    h.run(
+        lambda cut: h.ledger.seal_group(
+            cut,
+            "done",
+            [
+                SiblingResult(
+                    generation_index=i,
+                    rollout_id=f"done_g{i}",
+                    receipt=receipts[i],
+                    reward=float(i),
+                    mask_sample=False,
+                )
+                for i in range(2)
+            ],
+        )
+    )
+    h.checkpoint(1)
+    h.fresh_process()
+    plan = _restore(h)
+    by_id = {p.group_id: p for p in plan.admitted}
+    assert by_id["open"].sealed == []
+    assert [r.rollout_id for r in by_id["open"].redispatch] == [
+        "open_g0-a1",
+        "open_g1-a1",
+        "open_g2-a1",
+    ]
+    assert [s.rollout_id for s in by_id["done"].sealed] == ["done_g0", "done_g1"]
+    assert by_id["done"].redispatch == []
+    # The unfinished group's staged row is unreferenced now, so the restore cleared it.
+    assert not set(stray.staging_keys) & set(h.data_plane.list_keys("rollout_staging"))
+    assert _rebuilt_digest(h) == h.ledger.digest()
+
+
+def test_saved_granularity_wins_over_a_changed_config(harness: Harness) -> None:
+    h = harness
+    base = {"token_capture": {"enabled": True}, "checkpointing": {"save_data_plane": True}}
+    sibling = config_from_dict({**base, "rollout_recovery": {"default_granularity": "sibling"}})
+    whole = config_from_dict({**base, "rollout_recovery": {"default_granularity": "prompt_group"}})
+    h.ledger.config = sibling
+    h.reserve("g1", n=3, granularity=None)
+    h.dispatch("g1")
+    h.seal("g1", 0)  # only `sibling` keeps this; `prompt_group` would rerun all three
+    h.checkpoint(1)
+    h.fresh_process()
+    h.ledger.config = whole
+    plan = _restore(h)
+    (group,) = plan.admitted
+    assert group.granularity == "sibling"
+    assert [s.generation_index for s in group.sealed] == [0]
+    assert group.redispatch_indices == [1, 2]
+
+
+def test_partial_group_several_steps_behind_keeps_its_sealed_subset_and_target_step(
+    harness: Harness,
+) -> None:
+    h = harness
+    # A ready-first sampler leaves an old, partly generated group behind newer steps.
+    h.reserve("old", n=4, target_step=2, weight=2, admission_id="a2")
+    h.dispatch("old")
+    h.seal("old", 0, reward=0.5)
+    h.seal("old", 2, reward=-0.5)
+    for step in range(3, 9):
+        gid = f"s{step}"
+        h.reserve(gid, n=1, target_step=step, weight=step, admission_id=f"a{step}")
+        h.dispatch(gid)
+        h.seal(gid, 0)
+        h.run(lambda cut, g=gid: h.ledger.start_finalization(cut, g, owner="f"))
+        h.run(lambda cut, g=gid: h.ledger.finalize(cut, g, owner="f", min_weight_version=0))
+    h.checkpoint(8)
+    h.fresh_process()
+    plan = _restore(h)
+    (old,) = plan.admitted
+    assert [(s.generation_index, s.rollout_id, s.reward, s.target_step) for s in old.sealed] == [
+        (0, "old_g0", 0.5, 2),
+        (2, "old_g2", -0.5, 2),
+    ]
+    assert old.target_step == 2 and old.start_weight_version == 2
+    assert old.redispatch_indices == [1, 3]
+    assert plan.replay_group_ids == [f"s{s}" for s in range(3, 9)]
+
+
+def test_records_after_the_checkpoint_are_rolled_back_not_deleted(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    at_checkpoint = h.ledger.digest()
+    ckpt_head = h.log.head()
+    h.seal("g1", 1)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="f"))
+    h.reserve("late", n=1)
+    head_before = h.log.head()
+    h.fresh_process()
+    plan = _restore(h)
+    assert plan.rolled_back == (ckpt_head + 1, head_before)
+    controller = h.records(CONTROLLER_STREAM)
+    started = next(r for r in controller if isinstance(r.event, RestoreStarted))
+    assert started.event.rolled_back_from_seq == ckpt_head + 1
+    assert started.seq == head_before + 1
+    completed = next(r for r in controller if isinstance(r.event, RestoreCompleted))
+    assert completed.event.rolled_back_until_seq == head_before
+    # Nothing was deleted; the rebuild skips the range.
+    assert len(h.records()) > head_before
+    assert "late" not in h.ledger.state.groups
+    assert h.ledger.group("g1").indices("sealed") == [0]
+    assert _rebuilt_digest(h) == h.ledger.digest() != at_checkpoint  # sibling 1 was retried
+    # A group id used only in rolled-back records may be reserved again.
+    h.reserve("late", n=1)
+
+
+def test_restore_never_finalizes_a_group_twice_in_effective_history(harness: Harness) -> None:
+    h = harness
+    h.reserve("early", n=1)
+    h.reserve("late", n=1)
+    for gid in ("early", "late"):
+        h.dispatch(gid)
+        h.seal(gid, 0)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "early", owner="f"))
+    h.run(lambda cut: h.ledger.finalize(cut, "early", owner="f", min_weight_version=0))
+    h.checkpoint(1)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "late", owner="f"))
+    h.run(lambda cut: h.ledger.finalize(cut, "late", owner="f", min_weight_version=0))
+    h.fresh_process()
+    plan = _restore(h)
+    # `early` was finalized before the checkpoint: the replay buffer owns it, not the ledger.
+    assert plan.replay_group_ids == ["early"]
+    with pytest.raises(LedgerRuleError, match="replay buffer owns it"):
+        h.run(lambda cut: h.ledger.start_finalization(cut, "early", owner="f2"))
+    # `late` was finalized after it, with a trainer that was rolled back too: it finalizes again.
+    assert [p.group_id for p in plan.admitted] == ["late"]
+    h.run(lambda cut: h.ledger.start_finalization(cut, "late", owner="f2"))
+    h.run(lambda cut: h.ledger.finalize(cut, "late", owner="f2", min_weight_version=0))
+    controller = list(h.log.read_stream(CONTROLLER_STREAM))
+    live = list(effective(h.records(), rolled_back(controller)))
+    finalized = [r.event.group_id for r in live if isinstance(r.event, GroupFinalized)]
+    assert sorted(finalized) == ["early", "late"]
+    assert len([r for r in h.records() if isinstance(r.event, GroupFinalized)]) == 3
+
+
+def test_plan_lists_admitted_groups_first_and_reserved_groups_once_per_admission(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.reserve("r1", n=1, admitted=False, target_step=None, admission_id="batch-9")
+    h.reserve("a1", n=1, admitted=True, target_step=3, admission_id="batch-3")
+    h.reserve("r2", n=1, admitted=False, target_step=None, admission_id="batch-9")
+    h.dispatch("a1")
+    h.checkpoint(3)
+    h.fresh_process()
+    plan = _restore(h)
+    assert [p.group_id for p in plan.admitted] == ["a1"]
+    assert [(a.admission_id, [g.group_id for g in a.groups]) for a in plan.reserved] == [
+        ("batch-9", ["r1", "r2"])
+    ]
+    (admission,) = plan.reserved
+    h.run(
+        lambda cut: h.ledger.admit(
+            cut, admission.admission_id, target_step=4, start_weight_version=3
+        )
+    )
+    for group in admission.groups:
+        h.dispatch(group.group_id, group.redispatch_indices)
+    assert {h.ledger.group(g).phase for g in ("r1", "r2")} == {"admitted"}
+
+
+def test_restore_rehydrates_prompts_and_refuses_a_different_prompt(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1, sample_id="17")
+    h.dispatch("g1")
+    h.checkpoint(1)
+    original = dict(h.dataset.prompts["17"])
+    h.fresh_process()
+    h.dataset.prompts["17"] = {**original, "prompt_id": "p-18"}
+    head = h.log.head()
+    with pytest.raises(PromptIdentityError, match="expected prompt_id 'p-17', found 'p-18'"):
+        _restore(h)
+    h.dataset.prompts["17"] = {**original, "text": "edited"}
+    with pytest.raises(PromptIdentityError, match="same id, different prompt"):
+        _restore(h)
+    del h.dataset.prompts["17"]
+    with pytest.raises(PromptIdentityError, match="no sample '17'"):
+        _restore(h)
+    assert h.log.head() == head
+    h.dataset.prompts["17"] = original
+    plan = _restore(h)
+    assert plan.admitted[0].prompt == original
+    assert h.ledger.prompt("g1") == original
+
+
+def test_restore_picks_a_step_or_the_newest_and_refuses_none(harness: Harness) -> None:
+    h = harness
+    h.fresh_process()
+    with pytest.raises(LedgerRuleError, match="no checkpoint"):
+        _restore(h)
+    h.ledger = RecoveryLedger.open(h.log, h.data_plane)
+    h.reserve("g1", n=2)
+    h.checkpoint(1)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(2)
+    h.fresh_process()
+    assert _restore(h, step=1).admitted[0].sealed == []
+    # Restoring step 1 rolled back checkpoint 2: "newest" now means step 1 again.
+    with pytest.raises(
+        LedgerRuleError, match=r"no checkpoint at step 2 to restore \(checkpoints at steps \[1\]\)"
+    ):
+        _restore(h, step=2)
+    assert _restore(h).checkpoint_step == 1
+    assert _rebuilt_digest(h) == h.ledger.digest()
+
+
+def test_repeated_restores_keep_live_and_rebuilt_state_equal(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=3)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    for _ in range(3):
+        h.fresh_process()
+        plan = _restore(h)
+        (group,) = plan.admitted
+        h.dispatch("g1", group.redispatch_indices)
+        h.seal("g1", group.redispatch_indices[0])
+        assert _rebuilt_digest(h) == h.ledger.digest()
+    # Each restore went back to the same checkpoint: sibling 0 kept its first attempt.
+    assert h.ledger.group("g1").siblings[0].current.rollout_id == "g1_g0"
+    assert h.ledger.group("g1").siblings[1].current.rollout_id == "g1_g1-a3"
+
+
+def test_restore_after_a_snapshot_loss_folds_the_log_instead(harness: Harness) -> None:
+    import sqlite3
+
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 1)
+    h.checkpoint(1)
+    digest = h.ledger.digest()
+    h.log.close()
+    with sqlite3.connect(h.path) as db:
+        db.execute("DELETE FROM snapshots")
+    h.fresh_process()
+    plan = _restore(h)
+    assert [s.generation_index for s in plan.admitted[0].sealed] == [1]
+    assert state_digest(RecoveryLedger.open(h.log, h.data_plane).state) == h.ledger.digest()
+    assert digest != h.ledger.digest()  # sibling 0 was in flight and got a new attempt
+
+
+def test_restore_records_group_facts_in_the_group_streams(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    h.fresh_process()
+    _restore(h)
+    types = [r.type for r in h.log.read_stream(group_stream("g1"))]
+    assert types[-2:] == ["UnsealedAbandoned", "RetryPrepared"]
