@@ -40,7 +40,7 @@ IMPLS = ("eventlog", "raw", "eventsourcing")
 # Events per repeat, sized so the full matrix stays within ~5 minutes on 2 cores: cells bound
 # by one fsync per commit (~400/s on this machine's disk) get few events, CPU-bound ones more.
 _BATCH_EVENTS: dict[tuple[str, int], int] = {
-    ("sqlite/full", 1): 300,
+    ("sqlite/full", 1): 500,
     ("sqlite/full", 10): 1500,
     ("sqlite/full", 100): 10_000,
     ("sqlite/full", 1000): 20_000,
@@ -48,12 +48,12 @@ _BATCH_EVENTS: dict[tuple[str, int], int] = {
     ("sqlite/normal", 10): 5000,
     ("sqlite/normal", 100): 10_000,
     ("sqlite/normal", 1000): 20_000,
-    ("postgresql/full", 1): 400,
+    ("postgresql/full", 1): 500,
     ("postgresql/full", 10): 2000,
     ("postgresql/full", 100): 10_000,
     ("postgresql/full", 1000): 20_000,
 }
-_CONCURRENT_EVENTS = {"sqlite/full": 640, "sqlite/normal": 3200, "postgresql/full": 960}
+_CONCURRENT_EVENTS = {"sqlite/full": 1280, "sqlite/normal": 3200, "postgresql/full": 1280}
 
 
 @dataclass(frozen=True)
@@ -104,13 +104,15 @@ def run_calls(appender: Appender, calls: Sequence[Call]) -> Sample:
     """One writer, one call after another."""
     latencies: list[int] = []
     clock = time.perf_counter_ns
+    cpu = time.process_time()
     start = clock()
     for call in calls:
         t0 = clock()
         appender.append(call)
         latencies.append(clock() - t0)
     elapsed = (clock() - start) / 1e9
-    return Sample(count_events(calls), elapsed, latencies, appender.commits())
+    cpu = time.process_time() - cpu
+    return Sample(count_events(calls), elapsed, latencies, appender.commits(), cpu)
 
 
 def run_threads(appender: Appender, plans: Sequence[Sequence[Call]]) -> Sample:
@@ -134,15 +136,18 @@ def run_threads(appender: Appender, plans: Sequence[Sequence[Call]]) -> Sample:
     threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(plans))]
     for thread in threads:
         thread.start()
+    cpu = time.process_time()
     gate.wait()
     start = clock()
     for thread in threads:
         thread.join()
     elapsed = (clock() - start) / 1e9
+    cpu = time.process_time() - cpu
     if errors:
         raise errors[0]
     flat = [value for per_writer in latencies for value in per_writer]
-    return Sample(sum(count_events(p) for p in plans), elapsed, flat, appender.commits())
+    events = sum(count_events(p) for p in plans)
+    return Sample(events, elapsed, flat, appender.commits(), cpu)
 
 
 def run_asyncio(appender: impls.AsyncAppender, plans: Sequence[Sequence[Call]]) -> Sample:
@@ -161,8 +166,11 @@ def run_asyncio(appender: impls.AsyncAppender, plans: Sequence[Sequence[Call]]) 
         await asyncio.gather(*(work(plan) for plan in plans))
         return (clock() - start) / 1e9
 
+    cpu = time.process_time()
     elapsed = asyncio.run(main())
-    return Sample(sum(count_events(p) for p in plans), elapsed, latencies, appender.commits())
+    cpu = time.process_time() - cpu
+    events = sum(count_events(p) for p in plans)
+    return Sample(events, elapsed, latencies, appender.commits(), cpu)
 
 
 # -- fresh stores per repeat ----------------------------------------------------------------
@@ -259,9 +267,7 @@ class PostgresStores:
 Stores = SqliteStores | PostgresStores
 
 
-def measure(
-    stores: Stores, impl: str, setting: Setting, plan: Any, expected_events: int
-) -> Sample:
+def measure(stores: Stores, impl: str, setting: Setting, plan: Any, expected_events: int) -> Sample:
     """One repeat of one implementation on a fresh store; checks every event was stored."""
     with stores.appender(impl, setting.durability, setting.writers) as appender:
         if setting.mode == "batch":
@@ -369,8 +375,15 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     one = _find(rows, backend="sqlite", durability="full", impl="eventlog", mode="batch", batch=1)
     es = [
-        _find(rows, backend="sqlite", durability="full", impl="eventsourcing", mode=m, batch=1,
-              writers=w)
+        _find(
+            rows,
+            backend="sqlite",
+            durability="full",
+            impl="eventsourcing",
+            mode=m,
+            batch=1,
+            writers=w,
+        )
         for m, w in (("batch", 1), ("threads", 64))
     ]
     es_best = max((r["events_per_s"] for r in es if r), default=None)
@@ -419,6 +432,7 @@ def table(rows: Sequence[dict[str, Any]]) -> Table:
         ("p50 ms", "right"),
         ("p99 ms", "right"),
         ("ev/commit", "right"),
+        ("CPU µs/ev", "right"),
         ("× raw", "right"),
         ("× 1/commit", "right"),
     ):
@@ -440,6 +454,7 @@ def table(rows: Sequence[dict[str, Any]]) -> Table:
             fmt(r["p50_ms"], 3),
             fmt(r["p99_ms"], 3),
             fmt(r["events_per_commit"], 1),
+            fmt(r["cpu_us_per_event"], 1),
             fmt(r.get("ratio_vs_raw")),
             fmt(r.get("ratio_vs_one_commit")),
         )

@@ -28,6 +28,9 @@ class Sample:
     latencies_ns: list[int]
     """Wall time of every append call, as its caller saw it."""
     commits: int | None = None
+    cpu_seconds: float = 0.0
+    """CPU time of this process (all its threads) during the repeat: steadier than wall time
+    on a shared machine, and it shows what an implementation costs beside waiting for fsync."""
 
     @property
     def events_per_s(self) -> float:
@@ -56,6 +59,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
     p50 = spread([s.percentile_ms(50) for s in samples])
     p99 = spread([s.percentile_ms(99) for s in samples])
     per_commit = [s.events / s.commits for s in samples if s.commits]
+    cpu = spread([s.cpu_seconds / s.events * 1e6 for s in samples])
     return {
         "events_per_s": round(rate["median"], 1),
         "events_per_s_min": round(rate["min"], 1),
@@ -66,6 +70,9 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         "p99_ms": round(p99["median"], 4),
         "p99_ms_min": round(p99["min"], 4),
         "p99_ms_max": round(p99["max"], 4),
+        "cpu_us_per_event": round(cpu["median"], 2),
+        "cpu_us_per_event_min": round(cpu["min"], 2),
+        "cpu_us_per_event_max": round(cpu["max"], 2),
         "events": samples[0].events,
         "repeats": len(samples),
         "events_per_commit": round(statistics.median(per_commit), 2) if per_commit else None,

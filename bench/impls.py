@@ -18,11 +18,10 @@ from typing import Any, Protocol
 
 import msgspec
 
+from bench.workload import Call
 from eventlog import AppendRequest, EventLog
 from eventlog.ids import new_event_id
 from eventlog.log import Durability
-
-from bench.workload import Call
 
 _INSERT_COLUMNS = "seq, stream, version, event_id, type, schema, recorded_at, payload, chain"
 _GENESIS = bytes(32)
@@ -95,19 +94,18 @@ class _RowBuilder:
         for request in call:
             for offset, event in enumerate(request.events):
                 head += 1
-                version = request.first_version + offset
-                event_id = new_event_id().bytes
-                type_name = type(event).__name__
-                schema = type(event).schema
-                payload = encode(event)
-                canonical = encode(
-                    (head, request.stream, version, event_id, type_name, schema, recorded_at, payload)
+                fields = (
+                    head,
+                    request.stream,
+                    request.first_version + offset,
+                    new_event_id().bytes,
+                    type(event).__name__,
+                    type(event).schema,
+                    recorded_at,
+                    encode(event),
                 )
-                link = hashlib.sha256(link + canonical).digest()
-                rows.append(
-                    (head, request.stream, version, event_id, type_name, schema, recorded_at,
-                     payload, link)
-                )
+                link = hashlib.sha256(link + encode(fields)).digest()
+                rows.append((*fields, link))
         self.head, self.chain = head, link
         return rows
 

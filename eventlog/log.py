@@ -79,7 +79,7 @@ class EventLog:
         """Open a log by file path (SQLite) or SQLAlchemy URL; a new log starts at head."""
         store = open_store(target, durability)
         try:
-            migrate.ensure_at_head(store.engine, target=str(target), create=create)
+            migrate.ensure_at_head(store.engine, target=store.target, create=create)
         except BaseException:
             store.close()
             raise

@@ -33,7 +33,7 @@ from eventlog.events import (
 from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
 from projections.history import RolledBack, effective_checkpoints, rolled_back
 from projections.reconcile import Reconciliation, reconcile, staged_by
-from projections.recovery import restart_events
+from projections.recovery import attempts_used, restart_events
 from projections.siblings import (
     GroupState,
     GroupStatus,
@@ -273,7 +273,9 @@ def run_restore(
     # Stored granularity, never the current config: in-flight attempts are abandoned and retried.
     group_events: list[tuple[str, list[Event]]] = []
     for group in state.groups.values():
-        events = restart_events(group)
+        # Read the whole stream, rolled-back records included: numbers they used stay used.
+        used = attempts_used(r.event for r in log.read_stream(group_stream(group.group_id)))
+        events = restart_events(group, used)
         if events:
             group_events.append((group.group_id, events))
     try:

@@ -381,3 +381,17 @@ def test_restore_records_group_facts_in_the_group_streams(harness: Harness) -> N
     _restore(h)
     types = [r.type for r in h.log.read_stream(group_stream("g1"))]
     assert types[-2:] == ["UnsealedAbandoned", "RetryPrepared"]
+
+
+def test_a_rollout_id_never_names_two_physical_runs_across_restores(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.checkpoint(1)  # both siblings reserved, never dispatched
+    h.dispatch("g1", [0])  # rolled back below, but a worker may have run g1_g0
+    h.fresh_process()
+    plan = _restore(h)
+    (group,) = plan.admitted
+    assert [(r.generation_index, r.rollout_id) for r in group.redispatch] == [
+        (0, "g1_g0-a1"),
+        (1, "g1_g1"),
+    ]

@@ -68,7 +68,9 @@ _EXIT_CODES: list[tuple[type[BaseException], ExitCode]] = [
 
 def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code an error ends the command with (70 for anything not deliberate)."""
-    if isinstance(exc, sa_exc.OperationalError):
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) or (
+        type(exc) is sa_exc.DatabaseError  # e.g. "file is not a database"
+    ):
         return ExitCode.DATABASE
     for cls, code in _EXIT_CODES:
         if isinstance(exc, cls):
@@ -182,7 +184,6 @@ class RecordView(msgspec.Struct, frozen=True):
     recorded_at: int
     data: Any
     unknown: bool = False
-    reason: str = ""
 
 
 def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
@@ -190,11 +191,11 @@ def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
     try:
         event = codec.decode(record.type, record.schema, record.payload, seq=record.seq)
         data: Any = codec.to_builtins(event)
-        unknown, reason = False, ""
-    except SchemaError as exc:
+        unknown = False
+    except SchemaError:
         if not allow_unknown:
             raise
-        data, unknown, reason = raw_data(record.payload), True, str(exc)
+        data, unknown = raw_data(record.payload), True
     return RecordView(
         seq=record.seq,
         stream=record.stream,
@@ -205,7 +206,6 @@ def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
         recorded_at=record.recorded_at,
         data=data,
         unknown=unknown,
-        reason=reason,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import click
 import msgspec
 
-from eventlog.cli._common import json_line, open_log
+from eventlog.cli._common import json_line, open_log, require_existing
 from eventlog.errors import InvalidEventError
 from eventlog.events import Event, event_types
 from eventlog.records import ANY, NO_STREAM, AppendRequest, ExpectedVersion, Proposed
@@ -38,8 +38,10 @@ def parse_line(number: int, text: bytes) -> AppendRequest:
     """One JSON line as an append request; InvalidEventError names the line and the field."""
     try:
         line = _line_decoder.decode(text)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+    except msgspec.ValidationError as exc:
         raise InvalidEventError(f"line {number}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidEventError(f"line {number}: invalid JSON: {exc}") from exc
     if not line.stream:
         raise InvalidEventError(f"line {number}: stream must not be empty")
     cls = event_types().get(line.type)
@@ -105,6 +107,7 @@ def append(target: str, source: Any, as_json: bool) -> None:
                 "expected_version": 3 | "no_stream" | "any", "event_id": "<uuid>"}
     A bad line appends nothing; the error names the line and the field.
     """
+    require_existing(target)  # before reading stdin: a typo should not wait for input
     requests = []
     for number, raw in enumerate(source, start=1):
         if raw.strip():

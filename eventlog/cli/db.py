@@ -37,7 +37,7 @@ def _refuse_foreign_or_newer(store: SqlStore, shown: str, current: str | None) -
         raise LogRevisionError(
             f"{shown}: log is at schema revision {current}, "
             f"newer than this eventlog knows ({head})",
-            hint="upgrade the eventlog package to use it",
+            hint="upgrade the eventlog package to open it",
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 
 import click
@@ -55,23 +56,41 @@ def _collect_rollout_ids(value: object, found: set[str]) -> None:
 
 @click.command()
 @click.argument("target")
-@click.option("--stream", "streams", multiple=True, help="Only this stream (repeatable).")
+@click.option(
+    "--stream", "streams", multiple=True, metavar="STREAM", help="Only this stream (repeatable)."
+)
 @click.option(
     "--group",
     "groups",
     multiple=True,
+    metavar="G",
     help="Only prompt group G: stream group/G and the attempt streams of its rollout ids "
     "(repeatable).",
 )
-@click.option("--type", "types", multiple=True, help="Only this event type (repeatable).")
-@click.option("--from-seq", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--until-seq", type=click.IntRange(min=1), help="Last seq to show (inclusive).")
 @click.option(
-    "--since", callback=time_option, help="Only records at or after this ISO-8601 time (UTC)."
+    "--type", "types", multiple=True, metavar="TYPE", help="Only this event type (repeatable)."
+)
+@click.option(
+    "--from-seq",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="SEQ",
+    help="First seq to show.",
+)
+@click.option(
+    "--until-seq", type=click.IntRange(min=1), metavar="SEQ", help="Last seq to show (inclusive)."
+)
+@click.option(
+    "--since",
+    callback=time_option,
+    metavar="TIME",
+    help="Only records at or after this ISO-8601 time (UTC).",
 )
 @click.option(
     "--until",
     callback=time_option,
+    metavar="TIME",
     help="Only records at or before this ISO-8601 time (UTC): the log as it was then.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -115,7 +134,7 @@ def replay(
         with seq_progress("replay", from_seq, last) as advance:
             views = _views(records, advance, since, until, allow_unknown)
             if as_json:
-                out = click.get_text_stream("stdout")
+                out = sys.stdout
                 for view in views:
                     out.write(json_line(json_object(view)) + "\n")
                 return

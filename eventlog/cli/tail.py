@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 
 import click
@@ -22,7 +23,7 @@ from eventlog.records import RecordedEvent
 def _printer(as_json: bool) -> Callable[[RecordedEvent], None]:
     """Print each record at once (a follower must see it now, not at the end of a chunk)."""
     if as_json:
-        out = click.get_text_stream("stdout")
+        out = sys.stdout
 
         def show_json(record: RecordedEvent) -> None:
             out.write(json_line(json_object(view_decoded(record))) + "\n")

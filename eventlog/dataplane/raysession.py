@@ -1,10 +1,15 @@
 """Find and stop the processes of a Ray session we started, by PID, even as orphans.
 
-``start_transferqueue`` sets ``EVENTLOG_RAY_SESSION=<temp dir>`` in the environment only
-while ``ray.init`` spawns the head processes; every Ray process (GCS, raylet, and the TQ
-controller and storage actors the raylet forks later) inherits it, and ``/proc/<pid>/environ``
-keeps it even after the process that called ``ray.init`` died and they were re-parented.
-Matching on that marker, never on a process name, means we only ever kill what we started.
+A process belongs to the session under ROOT when either
+- its environment carries ``EVENTLOG_RAY_SESSION=<temp dir under ROOT>``: `start_transferqueue`
+  sets it only while ``ray.init`` spawns the head processes, and the GCS, the raylet and the
+  workers the raylet forks later (the TQ controller and storage actors) inherit it; or
+- it holds a file open under ROOT: the raylet starts its dashboard and runtime-env agents with
+  an environment of its own making, without our marker, but they keep their logs open in the
+  session dir, and they are the ones that outlive a SIGKILLed driver longest.
+Both survive re-parenting after the process that called ``ray.init`` died. Matching on them,
+never on a process name, means we only ever kill what we started (so keep no files of your own
+open under ROOT).
 
 Usable without Ray installed: ``python -m eventlog.dataplane.raysession ROOT`` kills every
 session whose temp dir lies under ROOT and prints the PIDs (for CI wrappers and the demo).
@@ -38,8 +43,29 @@ def _marker(pid: int) -> str | None:
     return None
 
 
+def _holds_file_under(pid: int, root: str) -> bool:
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and _under(target, root):
+            return True
+    return False
+
+
+def _belongs(pid: int, root: str) -> bool:
+    marker = _marker(pid)
+    return (marker is not None and _under(marker, root)) or _holds_file_under(pid, root)
+
+
 def _under(path: str, root: str) -> bool:
-    root = os.path.normpath(root)
+    root = os.path.normpath(os.path.abspath(root))
     path = os.path.normpath(path)
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -55,7 +81,7 @@ def _alive(pid: int) -> bool:
 
 
 def session_pids(root: str) -> list[int]:
-    """PIDs of live processes marked with a Ray session temp dir at or under `root`."""
+    """PIDs of live processes of the Ray session(s) at or under `root` (see module doc)."""
     me = os.getpid()
     pids = []
     for entry in Path("/proc").iterdir():
@@ -64,8 +90,7 @@ def session_pids(root: str) -> list[int]:
         pid = int(entry.name)
         if pid == me:
             continue
-        marker = _marker(pid)
-        if marker is not None and _under(marker, root) and _alive(pid):
+        if _alive(pid) and _belongs(pid, root):
             pids.append(pid)
     return sorted(pids)
 
@@ -77,9 +102,8 @@ def _reap(pid: int) -> None:
 
 
 def _signal(pid: int, root: str, sig: signal.Signals) -> None:
-    # Re-check the marker right before signalling: the PID may have been reused.
-    marker = _marker(pid)
-    if marker is None or not _under(marker, root):
+    # Check again right before signalling: the PID may have been reused.
+    if not _belongs(pid, root):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)

@@ -66,6 +66,10 @@ CHECKPOINT_SUBDIR = "transferqueue"
 TEMP_ROOT_ENV = "EVENTLOG_RAY_TMPDIR"
 """Where `start_transferqueue` creates its Ray temp dir when no `temp_root` is passed."""
 
+# Ray's longest socket path is <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store
+# (64 bytes after the temp dir with a 7-digit pid) and must fit in AF_UNIX's 107 bytes.
+_MAX_TEMP_DIR_BYTES = 107 - 64
+
 _TQ_CONFIG: dict[str, Any] = {
     "controller": {"polling_mode": True},
     # The default of two storage units hangs on two-CPU machines.
@@ -316,7 +320,7 @@ def start_transferqueue(*, temp_root: str | None = None, num_cpus: int = 3) -> T
     """Start a loopback-only Ray and TQ (one SimpleStorage unit) owned by this process.
 
     ``temp_root`` (default ``$EVENTLOG_RAY_TMPDIR``, else the system temp dir) receives a new
-    ``eventlog-ray-*`` directory; ``kill_ray_session(temp_root)`` stops every session under
+    ``evl-ray-*`` directory; ``kill_ray_session(temp_root)`` stops every session under
     it, even after this process was SIGKILLed. TQ takes two Ray CPUs, hence ``num_cpus=3``.
     """
     if ray.is_initialized():
@@ -328,8 +332,14 @@ def start_transferqueue(*, temp_root: str | None = None, num_cpus: int = 3) -> T
         raise DataPlaneError(f"num_cpus: expected at least 3 (TQ takes 2), found {num_cpus}")
     root = temp_root or os.environ.get(TEMP_ROOT_ENV) or tempfile.gettempdir()
     os.makedirs(root, exist_ok=True)
-    # Short on purpose: Ray puts Unix sockets under it, and their paths are limited to 107 bytes.
-    temp_dir = tempfile.mkdtemp(prefix="eventlog-ray-", dir=root)
+    temp_dir = tempfile.mkdtemp(prefix="evl-ray-", dir=root)
+    if len(temp_dir.encode()) > _MAX_TEMP_DIR_BYTES:
+        os.rmdir(temp_dir)
+        raise DataPlaneError(
+            f"Ray temp dir {temp_dir!r}: expected at most {_MAX_TEMP_DIR_BYTES} bytes, found "
+            f"{len(temp_dir.encode())} (Ray's Unix socket paths under it are limited to 107 bytes)",
+            hint=f"pass a shorter temp_root or set {TEMP_ROOT_ENV} (e.g. /tmp)",
+        )
     # Ray ignores _node_ip_address on Linux and binds other interfaces unless told not to.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     started = time.monotonic()

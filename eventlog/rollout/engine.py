@@ -44,8 +44,10 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from eventlog.errors import ConfigError, RolloutError
+from eventlog.rollout.sampling import SampleDelta, Sampling
 
 
 def _prepare_environment() -> None:
@@ -74,15 +76,14 @@ _prepare_environment()
 
 # Imported at module level on purpose (after the environment above): a lazy import inside a
 # function keeps torchcodec's import-error traceback alive, which pins the engine at exit.
-from vllm import SamplingParams  # noqa: E402
+from vllm import RequestOutput, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.inputs import tokens_input  # noqa: E402
+from vllm.logprobs import SampleLogprobs  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
 logger = logging.getLogger(__name__)
-
-ParamValue = str | int | float | bool | None
 
 
 def _release_import_tracebacks() -> None:
@@ -101,7 +102,7 @@ class EngineConfig:
     """How to start an engine: a local Hugging Face model directory and its limits."""
 
     model: str
-    dtype: str = "bfloat16"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "bfloat16"
     max_model_len: int = 512
     enforce_eager: bool = True
     seed: int = 0
@@ -116,57 +117,18 @@ class EngineConfig:
             )
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters of one engine call (a subset of vLLM's, recorded in the log)."""
-
-    n: int = 1
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ConfigError(f"sampling.n: expected >= 1, found {self.n}")
-        if self.max_tokens < 1:
-            raise ConfigError(f"sampling.max_tokens: expected >= 1, found {self.max_tokens}")
-
-    def as_record(self) -> dict[str, ParamValue]:
-        """The parameters as a flat dict of scalars, for GenerationStarted."""
-        return {
-            "n": self.n,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "ignore_eos": self.ignore_eos,
-        }
-
-    def _vllm(self) -> SamplingParams:
-        return SamplingParams(
-            n=self.n,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-            logprobs=0,  # the sampled token's own logprob only
-            detokenize=False,  # rewards decode whole completions; per-token text is not needed
-            output_kind=RequestOutputKind.DELTA,
-        )
-
-
-@dataclass(frozen=True)
-class SampleDelta:
-    """New tokens of one sample of a request since its previous delta."""
-
-    index: int
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: str | None
-    """Set on the sample's last delta ("stop", "length", "abort"); None while it runs."""
+def _vllm_params(sampling: Sampling) -> SamplingParams:
+    return SamplingParams(
+        n=sampling.n,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        ignore_eos=sampling.ignore_eos,
+        logprobs=0,  # the sampled token's own logprob only
+        detokenize=False,  # rewards decode whole completions; per-token text is not needed
+        output_kind=RequestOutputKind.DELTA,
+    )
 
 
 _END = object()
@@ -191,12 +153,33 @@ class _Sink:
         return True
 
 
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: list[int]
+    sampling: Sampling
+    sink: _Sink
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Abort | _Stop
+
+
 class VllmEngine:
     """One in-process vLLM engine, stepped by its own thread, streaming to asyncio callers."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._request_ids = itertools.count()
         self._engine: LLMEngine | None = None
@@ -211,7 +194,8 @@ class VllmEngine:
         started = time.perf_counter()
         engine._thread.start()
         engine._ready.result()
-        logger.info("vLLM engine for %s ready in %.1f s", config.model, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        logger.info("vLLM engine for %s ready in %.1f s", config.model, elapsed)
         return engine
 
     @property
@@ -243,7 +227,7 @@ class VllmEngine:
         self._live()
         sink = _Sink(loop=asyncio.get_running_loop(), n=sampling.n)
         unique_id = f"{request_id}#{next(self._request_ids)}"
-        self._commands.put(("add", (unique_id, list(prompt_token_ids), sampling, sink)))
+        self._commands.put(_Add(unique_id, list(prompt_token_ids), sampling, sink))
         try:
             while True:
                 item = await sink.queue.get()
@@ -255,12 +239,12 @@ class VllmEngine:
                 yield item
         finally:
             if not sink.closed:
-                self._commands.put(("abort", unique_id))
+                self._commands.put(_Abort(unique_id))
 
     def close(self) -> None:
         """Stop the engine thread and release the model; idempotent."""
         if self._thread.is_alive():
-            self._commands.put(("stop", None))
+            self._commands.put(_Stop())
             self._thread.join()
 
     def __enter__(self) -> VllmEngine:
@@ -319,27 +303,30 @@ class VllmEngine:
         busy = engine.has_unfinished_requests()
         while True:
             try:
-                command, payload = self._commands.get(block=not busy)
+                command = self._commands.get(block=not busy)
             except queue.Empty:
                 break
-            if command == "stop":
+            if isinstance(command, _Stop):
                 for sink in sinks.values():
                     sink.closed = True
                     sink.push(RolloutError(f"vLLM engine for {self.config.model!r} was closed"))
                 return False
-            if command == "add":
-                request_id, prompt, sampling, sink = payload  # type: ignore[misc]
+            if isinstance(command, _Add):
                 try:
-                    engine.add_request(request_id, tokens_input(prompt), sampling._vllm())
+                    engine.add_request(
+                        command.request_id,
+                        tokens_input(command.prompt),
+                        _vllm_params(command.sampling),
+                    )
                 except Exception as exc:
-                    sink.closed = True
-                    sink.push(RolloutError(f"request {request_id!r} was refused by vLLM: {exc}"))
+                    command.sink.closed = True
+                    command.sink.push(
+                        RolloutError(f"request {command.request_id!r} was refused by vLLM: {exc}")
+                    )
                 else:
-                    sinks[request_id] = sink
-            elif command == "abort":
-                assert isinstance(payload, str)
-                if sinks.pop(payload, None) is not None:
-                    engine.abort_request([payload])
+                    sinks[command.request_id] = command.sink
+            elif sinks.pop(command.request_id, None) is not None:
+                engine.abort_request([command.request_id])
             busy = engine.has_unfinished_requests()
         if busy:
             for output in engine.step():
@@ -347,25 +334,27 @@ class VllmEngine:
         return True
 
     def _deliver(self, engine: LLMEngine, output: object, sinks: dict[str, _Sink]) -> None:
-        request_id = getattr(output, "request_id", None)
-        sink = sinks.get(request_id) if isinstance(request_id, str) else None
+        if not isinstance(output, RequestOutput):
+            raise RolloutError(f"vLLM returned {type(output).__name__}, expected RequestOutput")
+        request_id = output.request_id
+        sink = sinks.get(request_id)
         if sink is None:
             return  # aborted by its caller while this step ran
-        for sample in getattr(output, "outputs", ()):
+        for sample in output.outputs:
             token_ids = tuple(int(t) for t in sample.token_ids)
             logprobs = _sampled_logprobs(token_ids, sample.logprobs)
             delta = SampleDelta(sample.index, token_ids, logprobs, sample.finish_reason)
             if sample.finish_reason is not None:
                 sink.finished.add(sample.index)
             if not sink.push(delta):
-                del sinks[request_id]  # type: ignore[arg-type]
-                engine.abort_request([request_id])  # type: ignore[list-item]
+                del sinks[request_id]
+                engine.abort_request([request_id])
                 return
         if len(sink.finished) == sink.n:
             sink.closed = True
             sink.push(_END)
-            del sinks[request_id]  # type: ignore[arg-type]
-        elif getattr(output, "finished", False):
+            del sinks[request_id]
+        elif output.finished:
             missing = sorted(set(range(sink.n)) - sink.finished)
             sink.closed = True
             sink.push(
@@ -374,16 +363,18 @@ class VllmEngine:
                     f"samples {missing}"
                 )
             )
-            del sinks[request_id]  # type: ignore[arg-type]
+            del sinks[request_id]
 
 
-def _sampled_logprobs(token_ids: tuple[int, ...], logprobs: object) -> tuple[float, ...]:
+def _sampled_logprobs(
+    token_ids: tuple[int, ...], logprobs: SampleLogprobs | None
+) -> tuple[float, ...]:
     """The sampled token's logprob at each position (vLLM adds top-k entries beside it)."""
     if logprobs is None:
         raise RolloutError("vLLM returned no logprobs although they were requested")
     found: list[float] = []
     for position, (token, entries) in enumerate(zip(token_ids, logprobs, strict=True)):
-        entry = entries.get(token)
+        entry = None if entries is None else entries.get(token)
         if entry is None:
             raise RolloutError(
                 f"vLLM returned no logprob for the sampled token {token} at position {position}"

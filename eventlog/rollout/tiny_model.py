@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from eventlog.errors import ConfigError
 
@@ -44,7 +45,7 @@ EOS_TOKEN = "<|eos|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
 
-MODEL_CONFIG: dict[str, object] = {
+MODEL_CONFIG: dict[str, int | float | bool] = {
     "vocab_size": VOCAB_SIZE,
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -166,28 +167,30 @@ def _build_into(directory: Path, wanted: str) -> None:
         show_progress=False,
     )
     tokenizer.train_from_iterator(list(CORPUS), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        model_max_length=int(MODEL_CONFIG["max_position_embeddings"]),  # type: ignore[call-overload]
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(directory)
 
+    shape: dict[str, Any] = dict(MODEL_CONFIG)
     config = LlamaConfig(
-        **MODEL_CONFIG,
-        bos_token_id=fast.convert_tokens_to_ids(BOS_TOKEN),
-        eos_token_id=fast.convert_tokens_to_ids(EOS_TOKEN),
-        pad_token_id=fast.convert_tokens_to_ids(PAD_TOKEN),
+        **shape,
+        bos_token_id=_token_id(fast, BOS_TOKEN),
+        eos_token_id=_token_id(fast, EOS_TOKEN),
+        pad_token_id=_token_id(fast, PAD_TOKEN),
         dtype="bfloat16",
     )
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(SEED)
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+        model = model.to(torch.bfloat16)  # type: ignore[arg-type]
     finally:
         torch.random.set_rng_state(generator_state)
     with _quiet_progress_bars():
@@ -200,6 +203,13 @@ def _build_into(directory: Path, wanted: str) -> None:
     }
     stamp = {"recipe_hash": wanted, "recipe": recipe(), "files": files}
     (directory / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+
+
+def _token_id(tokenizer: Any, token: str) -> int:
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int):
+        raise ConfigError(f"tiny model tokenizer: expected one id for {token!r}, found {found!r}")
+    return found
 
 
 def _is_current(directory: Path, wanted: str) -> bool:
@@ -242,12 +252,12 @@ def _quiet_progress_bars() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
         yield
     finally:
         if was_enabled:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,521 @@
+"""A rollout worker: runs attempts on one engine, stages their tokens, reports what it did.
+
+For each attempt the worker writes the stream ``attempt/<rollout_id>``:
+``GenerationStarted`` before the first token is asked for; one ``TokensStaged`` per model call,
+appended only after the data plane acknowledged that call's row; then ``GenerationFinished``
+(finish reason, generated tokens, reward, staging keys) or ``GenerationFailed`` (the error).
+It returns an `AttemptResult`: the receipt (rollout id + staging keys in call order), the
+reward and mask_sample. It never seals: whether a result becomes the sibling's result is the
+controller's decision, on the ``group/`` stream.
+
+Workers append to the log directly rather than through the controller. The attempt streams
+are theirs alone (the controller never writes them), so there is no contention on versions;
+each worker appends with exact expected versions (``NO_STREAM`` for the start), which makes
+two workers running the same rollout id a ConcurrencyError instead of a silent interleave.
+Writing directly keeps the order "row acknowledged, then TokensStaged durable" true even when
+the controller is down, and it is what restore needs: TokensStaged names the attempt that
+owns each staging row, so unreferenced rows are cleared by attempt, with evidence. Workers on
+other hosts open the same PostgreSQL URL; in one process they share the controller's
+`EventLog`, whose group commit batches their appends with everyone else's.
+
+Siblings of one prompt may share one engine call (``run_attempts``, vLLM's ``n``); each
+sibling is still its own attempt with its own stream, and a failure of one does not stop the
+others. Calls after the first (multi-call agents) run per sibling. Faults (see
+`eventlog.rollout.faults`) are injected here; the demo runs workers in process, and a kill is
+simulated by a worker that stops writing at once, which leaves the log and the data plane as
+a SIGKILL would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import torch
+
+from eventlog.dataplane.protocol import DataPlane
+from eventlog.errors import ConfigError, RolloutError
+from eventlog.events import (
+    Event,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStarted,
+    Receipt,
+    TokensStaged,
+    attempt_stream,
+    rollout_id_for,
+)
+from eventlog.log import EventLog
+from eventlog.records import NO_STREAM, AppendRequest
+from eventlog.rollout.agents import Agent, RewardInput, checked_reward, get_agent
+from eventlog.rollout.faults import FaultPlan, WorkerKilled
+from eventlog.rollout.sampling import SampleDelta, Sampling, TokenEngine
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STAGING_PARTITION = "rollout_staging"
+
+T = TypeVar("T")
+
+TokenObserver = Callable[[str, int, SampleDelta], None]
+"""Called with (rollout id, call index, delta) for every delta, before fault checks."""
+
+
+def staging_key(rollout_id: str, call: int) -> str:
+    """The data-plane key of one call's row: unique per attempt and call, stable on reruns."""
+    return f"{rollout_id}/c{call}"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What a worker reports for one attempt; the controller decides whether to seal it."""
+
+    group_id: str
+    generation_index: int
+    attempt: int
+    rollout_id: str
+    finished: bool
+    """True for GenerationFinished, False for GenerationFailed."""
+    receipt: Receipt | None
+    """Rollout id and staging keys in call order; None when the attempt failed."""
+    reward: float | None
+    mask_sample: bool | None
+    finish_reason: str | None
+    token_count: int
+    """Tokens the model generated over all calls (environment text excluded)."""
+    error: str | None = None
+
+
+@dataclass
+class WorkerStats:
+    """Counters and clocks for one worker, cumulative over its attempts."""
+
+    attempts: int = 0
+    finished: int = 0
+    failed: int = 0
+    generated_tokens: int = 0
+    staged_rows: int = 0
+    events: int = 0
+    appends: int = 0
+    busy_s: float = 0.0
+    """Wall time while at least one attempt was running."""
+    log_wait_s: float = 0.0
+    """Sum of the time every append was awaited (overlapping appends each count)."""
+    log_busy_s: float = 0.0
+    """Wall time while at least one append was pending."""
+    stage_wait_s: float = 0.0
+    """Sum of the time every put_rows was awaited."""
+
+    @property
+    def events_per_token(self) -> float:
+        return self.events / self.generated_tokens if self.generated_tokens else 0.0
+
+    @property
+    def log_share(self) -> float:
+        """Share of the busy wall time during which the worker was waiting for the log."""
+        return self.log_busy_s / self.busy_s if self.busy_s else 0.0
+
+
+class _BusyClock:
+    """Measures the wall time during which at least one section is open."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._open = 0
+        self._since = 0.0
+
+    @contextlib.contextmanager
+    def section(self) -> Iterator[None]:
+        if self._open == 0:
+            self._since = time.perf_counter()
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                self.total += time.perf_counter() - self._since
+
+
+@dataclass
+class _Run:
+    """One attempt in flight."""
+
+    group_id: str
+    generation_index: int
+    attempt: int
+    seed: int | None
+    trajectory: list[int]
+    rollout_id: str = ""
+    version: int = -1
+    generated: list[int] = field(default_factory=list)
+    staging_keys: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rollout_id = rollout_id_for(self.group_id, self.generation_index, self.attempt)
+
+    @property
+    def stream(self) -> str:
+        return attempt_stream(self.rollout_id)
+
+
+class _FanOut:
+    """Splits one n-sample engine call into one delta stream per sample."""
+
+    def __init__(self, n: int) -> None:
+        self._queues: list[asyncio.Queue[SampleDelta | BaseException]] = [
+            asyncio.Queue() for _ in range(n)
+        ]
+        self._attached = set(range(n))
+
+    async def feed(self, source: AsyncIterator[SampleDelta]) -> None:
+        try:
+            async with contextlib.aclosing(source) as deltas:  # type: ignore[type-var]
+                async for delta in deltas:
+                    if delta.index in self._attached:
+                        self._queues[delta.index].put_nowait(delta)
+                    if not self._attached:
+                        return  # every sample stopped listening: closing aborts the request
+        except Exception as exc:
+            for index in self._attached:
+                self._queues[index].put_nowait(exc)
+
+    async def sample(self, index: int) -> AsyncIterator[SampleDelta]:
+        try:
+            while True:
+                item = await self._queues[index].get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            self._attached.discard(index)
+
+
+class RolloutWorker:
+    """Runs attempts on one engine; writes attempt streams and staging rows, never seals."""
+
+    def __init__(
+        self,
+        engine: TokenEngine,
+        log: EventLog,
+        data_plane: DataPlane,
+        *,
+        worker_id: str | None = None,
+        partition: str = DEFAULT_STAGING_PARTITION,
+        weight_version: int = 0,
+        faults: FaultPlan | None = None,
+        on_delta: TokenObserver | None = None,
+    ) -> None:
+        self.engine = engine
+        self.log = log
+        self.data_plane = data_plane
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.partition = partition
+        self.weight_version = weight_version
+        """Recorded with every call; the trainer's sync updates it between (or during) attempts."""
+        self.faults = faults or FaultPlan()
+        self.on_delta = on_delta
+        self.stats = WorkerStats()
+        self._killed: WorkerKilled | None = None
+        self._busy = _BusyClock()
+        self._log_busy = _BusyClock()
+
+    @property
+    def killed(self) -> bool:
+        """True once an injected kill fired: the worker writes nothing more."""
+        return self._killed is not None
+
+    async def run_attempt(
+        self,
+        group_id: str,
+        generation_index: int,
+        attempt: int,
+        prompt: str | Sequence[int],
+        sampling: Sampling,
+        agent_name: str | None = None,
+    ) -> AttemptResult:
+        """Run one attempt of one sibling (``sampling.n`` must be 1)."""
+        if sampling.n != 1:
+            raise ConfigError(
+                f"attempt {rollout_id_for(group_id, generation_index, attempt)!r}: "
+                f"sampling.n must be 1 for one attempt, found {sampling.n} (use run_attempts)"
+            )
+        results = await self.run_attempts(
+            group_id, [(generation_index, attempt)], prompt, sampling, agent_name
+        )
+        return results[0]
+
+    async def run_attempts(
+        self,
+        group_id: str,
+        attempts: Sequence[tuple[int, int]],
+        prompt: str | Sequence[int],
+        sampling: Sampling,
+        agent_name: str | None = None,
+    ) -> list[AttemptResult]:
+        """Run attempts (generation index, attempt) of one group's prompt in one engine call.
+
+        Sample ``i`` of the call belongs to ``attempts[i]`` and is drawn with seed
+        ``sampling.seed + i``. Results come back in the order of `attempts`. Raises
+        WorkerKilled (after writing nothing more) when an injected kill fires.
+        """
+        if self._killed is not None:
+            raise WorkerKilled(f"worker {self.worker_id!r} was killed: {self._killed}")
+        if not attempts:
+            return []
+        if len({index for index, _ in attempts}) != len(attempts):
+            raise ConfigError(f"group {group_id!r}: generation indices repeat in {list(attempts)}")
+        if sampling.n not in (1, len(attempts)):
+            raise ConfigError(
+                f"group {group_id!r}: sampling.n must be 1 or {len(attempts)} (one sample per "
+                f"attempt), found {sampling.n}"
+            )
+        agent = get_agent(agent_name)
+        prompt_ids = list(prompt) if not isinstance(prompt, str) else self.engine.tokenize(prompt)
+        if not prompt_ids:
+            raise ConfigError(f"group {group_id!r}: the prompt has no tokens")
+        call = replace(sampling, n=len(attempts))
+        runs = [
+            _Run(
+                group_id=group_id,
+                generation_index=index,
+                attempt=number,
+                seed=None if call.seed is None else call.seed + i,
+                trajectory=list(prompt_ids),
+            )
+            for i, (index, number) in enumerate(attempts)
+        ]
+        with self._busy.section():
+            try:
+                await self._start(runs, agent, call)
+                return await self._generate(runs, agent, call, prompt_ids)
+            finally:
+                self.stats.busy_s = self._busy.total
+
+    # -- the steps of an attempt -----------------------------------------------------------
+
+    async def _start(self, runs: list[_Run], agent: Agent, call: Sampling) -> None:
+        """GenerationStarted for every attempt, in one atomic append (each stream must be new)."""
+        requests = []
+        for run in runs:
+            params = {**call.as_record(), "seed": run.seed, "agent_calls": agent.calls}
+            started = GenerationStarted(
+                rollout_id=run.rollout_id,
+                group_id=run.group_id,
+                generation_index=run.generation_index,
+                attempt=run.attempt,
+                worker=self.worker_id,
+                model=self.engine.model_name,
+                weight_version=self.weight_version,
+                sampling_params=params,
+            )
+            requests.append(AppendRequest(run.stream, [started], NO_STREAM))
+        results = await self._timed_append(self.log.append_batch_async(requests), len(requests))
+        for run, result in zip(runs, results, strict=True):
+            run.version = result.versions[-1]
+        self.stats.attempts += len(runs)
+
+    async def _generate(
+        self, runs: list[_Run], agent: Agent, call: Sampling, prompt_ids: list[int]
+    ) -> list[AttemptResult]:
+        fan_out = _FanOut(len(runs))
+        request_id = f"{runs[0].rollout_id}/c0" if len(runs) == 1 else f"{runs[0].group_id}/c0"
+        feeder = asyncio.create_task(
+            fan_out.feed(self.engine.generate(prompt_ids, call, request_id))
+        )
+        tasks = [
+            asyncio.create_task(self._attempt(run, agent, call, prompt_ids, fan_out.sample(i)))
+            for i, run in enumerate(runs)
+        ]
+        try:
+            done = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in (*tasks, feeder):
+                task.cancel()
+            await asyncio.gather(*tasks, feeder, return_exceptions=True)
+            raise
+        await feeder
+        return list(done)
+
+    async def _attempt(
+        self,
+        run: _Run,
+        agent: Agent,
+        call: Sampling,
+        prompt_ids: list[int],
+        first: AsyncIterator[SampleDelta],
+    ) -> AttemptResult:
+        finish_reason = ""
+        try:
+            for index in range(agent.calls):
+                weight_version = self.weight_version
+                if index == 0:
+                    prefix, source = list(prompt_ids), first
+                else:
+                    prefix = self.engine.tokenize(agent.follow_up)
+                    run.trajectory.extend(prefix)
+                    again = replace(call, n=1, seed=_call_seed(run.seed, index))
+                    source = self.engine.generate(
+                        run.trajectory, again, staging_key(run.rollout_id, index)
+                    )
+                ids, logprobs, finish_reason = await self._consume(run, index, source)
+                await self._stage(run, index, prefix, ids, logprobs, weight_version)
+            reward_input = RewardInput(
+                prompt_text=self.engine.detokenize(prompt_ids),
+                prompt_token_ids=tuple(prompt_ids),
+                completion_text=self.engine.detokenize(run.generated),
+                completion_token_ids=tuple(run.generated),
+                finish_reason=finish_reason,
+            )
+            reward = checked_reward(agent, reward_input)
+            mask_sample = agent.mask_sample(finish_reason)
+            await self._append(
+                run,
+                GenerationFinished(
+                    rollout_id=run.rollout_id,
+                    finish_reason=finish_reason,
+                    token_count=len(run.generated),
+                    reward=reward,
+                    staging_keys=list(run.staging_keys),
+                ),
+            )
+        except WorkerKilled as killed:
+            self._killed = self._killed or killed
+            logger.warning("%s", killed)
+            raise
+        except Exception as exc:
+            return await self._fail(run, exc)
+        self.stats.finished += 1
+        return AttemptResult(
+            group_id=run.group_id,
+            generation_index=run.generation_index,
+            attempt=run.attempt,
+            rollout_id=run.rollout_id,
+            finished=True,
+            receipt=Receipt(rollout_id=run.rollout_id, staging_keys=list(run.staging_keys)),
+            reward=reward,
+            mask_sample=mask_sample,
+            finish_reason=finish_reason,
+            token_count=len(run.generated),
+        )
+
+    async def _consume(
+        self, run: _Run, call: int, source: AsyncIterator[SampleDelta]
+    ) -> tuple[list[int], list[float], str]:
+        """Collect one call's tokens until this sample's own finish_reason."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        async with contextlib.aclosing(source) as deltas:  # type: ignore[type-var]
+            async for delta in deltas:
+                ids.extend(delta.token_ids)
+                logprobs.extend(delta.logprobs)
+                run.generated.extend(delta.token_ids)
+                self.stats.generated_tokens += len(delta.token_ids)
+                if self.on_delta is not None:
+                    self.on_delta(run.rollout_id, call, delta)
+                if self._killed is not None:
+                    raise self._killed
+                self.faults.check(run.rollout_id, len(run.generated))
+                if delta.finish_reason is not None:
+                    run.trajectory.extend(ids)
+                    return ids, logprobs, delta.finish_reason
+        raise RolloutError(
+            f"attempt {run.rollout_id!r}, call {call}: the engine stream ended without a "
+            "finish_reason"
+        )
+
+    async def _stage(
+        self,
+        run: _Run,
+        call: int,
+        prefix: list[int],
+        ids: list[int],
+        logprobs: list[float],
+        weight_version: int,
+    ) -> None:
+        """Put the call's row (tokens added since the previous row), then record TokensStaged."""
+        key = staging_key(run.rollout_id, call)
+        prev_len = len(run.trajectory) - len(prefix) - len(ids)
+        row = {
+            "token_ids": torch.tensor(prefix + ids, dtype=torch.int64),
+            "logprobs": torch.tensor([0.0] * len(prefix) + logprobs, dtype=torch.float32),
+            "mask": torch.tensor([0.0] * len(prefix) + [1.0] * len(ids), dtype=torch.float32),
+            "prev_len": torch.tensor(prev_len, dtype=torch.int64),
+            "weight_version": torch.tensor(weight_version, dtype=torch.int64),
+        }
+        tags = {"rollout_id": run.rollout_id, "call": str(call)}
+        if self._killed is not None:
+            raise self._killed
+        started = time.perf_counter()
+        await asyncio.to_thread(self.data_plane.put_rows, self.partition, {key: row}, {key: tags})
+        self.stats.stage_wait_s += time.perf_counter() - started
+        self.stats.staged_rows += 1
+        run.staging_keys.append(key)
+        await self._append(
+            run,
+            TokensStaged(
+                rollout_id=run.rollout_id,
+                partition=self.partition,
+                staging_key=key,
+                token_count=len(ids),
+                weight_version=weight_version,
+            ),
+        )
+
+    async def _fail(self, run: _Run, exc: Exception) -> AttemptResult:
+        """Record GenerationFailed; if even that fails the stream stays open (= abandoned)."""
+        error = f"{type(exc).__name__}: {exc}"
+        logger.warning("attempt %s failed: %s", run.rollout_id, error)
+        self.stats.failed += 1
+        try:
+            await self._append(run, GenerationFailed(rollout_id=run.rollout_id, error=error))
+        except WorkerKilled:
+            raise
+        except Exception:
+            logger.exception("attempt %s: could not record GenerationFailed", run.rollout_id)
+        return AttemptResult(
+            group_id=run.group_id,
+            generation_index=run.generation_index,
+            attempt=run.attempt,
+            rollout_id=run.rollout_id,
+            finished=False,
+            receipt=None,
+            reward=None,
+            mask_sample=None,
+            finish_reason=None,
+            token_count=len(run.generated),
+            error=error,
+        )
+
+    async def _append(self, run: _Run, event: Event) -> None:
+        if self._killed is not None:
+            raise self._killed
+        requests = [AppendRequest(run.stream, [event], run.version)]
+        results = await self._timed_append(self.log.append_batch_async(requests), 1)
+        run.version = results[0].versions[-1]
+
+    async def _timed_append(self, pending: Coroutine[object, object, T], events: int) -> T:
+        started = time.perf_counter()
+        try:
+            with self._log_busy.section():
+                result = await pending
+        finally:
+            self.stats.log_wait_s += time.perf_counter() - started
+            self.stats.log_busy_s = self._log_busy.total
+        self.stats.appends += 1
+        self.stats.events += events
+        return result
+
+
+def _call_seed(seed: int | None, call: int) -> int | None:
+    """The seed of a later call of an attempt: derived, so a rerun repeats it exactly."""
+    return None if seed is None else (seed * 1_000_003 + call) % (2**31)

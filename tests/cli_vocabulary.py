@@ -1,0 +1,42 @@
+"""Event types the CLI tests append (prefixed `Cli` so they never clash with other tests')."""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from eventlog.events import Event, event_type
+
+
+@event_type
+class CliNote(Event, frozen=True, kw_only=True):
+    text: str
+    n: int = 0
+
+
+class CliRef(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    weight: float
+
+
+@event_type
+class CliMeasured(Event, frozen=True, kw_only=True):
+    name: str
+    value: float
+    ok: bool
+    tags: list[str]
+    ref: CliRef | None = None
+    trace_id: uuid.UUID | None = None
+
+
+class CliAttempt(msgspec.Struct, frozen=True, kw_only=True):
+    rollout_id: str
+
+
+@event_type
+class CliDispatched(Event, frozen=True, kw_only=True):
+    """Names attempts by `rollout_id`, nested in a list, as the real dispatch events do."""
+
+    group_id: str
+    attempts: list[CliAttempt]

@@ -1,0 +1,310 @@
+"""A log written around the ledger (hand-edited, out of order) never folds into a state.
+
+Each case appends a valid prefix and then one event that breaks exactly one rule, straight to
+the log; reopening the ledger must refuse it and name the seq and the rule.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from eventlog import EventLog
+from eventlog.dataplane.memory import InMemoryDataPlane
+from eventlog.errors import InvalidEventError, SchemaError
+from eventlog.events import (
+    REPLAY_STREAM,
+    AttemptRef,
+    Event,
+    FinalizationStarted,
+    GroupAbandoned,
+    GroupAdmitted,
+    GroupDiscarded,
+    GroupFinalized,
+    GroupReserved,
+    GroupSealed,
+    PromptRef,
+    Receipt,
+    ReplayConsumed,
+    RetryPrepared,
+    SealResult,
+    SiblingsDispatched,
+    SiblingSealed,
+    UnsealedAbandoned,
+    group_stream,
+)
+from eventlog.ledger import RecoveryLedger
+from eventlog.records import ANY
+from projections.siblings import LedgerState, RuleViolation, fold_all
+
+
+def reserved(
+    gid: str = "g",
+    *,
+    n: int = 2,
+    granularity: str = "sibling",
+    admitted: bool = True,
+    target_step: int | None = 0,
+    admission_id: str | None = None,
+) -> GroupReserved:
+    return GroupReserved(
+        group_id=gid,
+        admission_id=admission_id or gid,
+        prompt_ref=PromptRef(sample_id=gid, task_name=None),
+        prompt_id=gid,
+        prompt_hash=None,
+        agent_name=None,
+        granularity=granularity,  # type: ignore[arg-type]
+        expected_generations=n,
+        target_step=target_step,
+        start_weight_version=0,
+        admitted=admitted,
+    )
+
+
+def ref(i: int, attempt: int = 0, gid: str = "g") -> AttemptRef:
+    rid = f"{gid}_g{i}" if attempt == 0 else f"{gid}_g{i}-a{attempt}"
+    return AttemptRef(generation_index=i, attempt=attempt, rollout_id=rid)
+
+
+def dispatched(*refs: AttemptRef, gid: str = "g") -> SiblingsDispatched:
+    return SiblingsDispatched(group_id=gid, attempts=list(refs))
+
+
+def sealed(
+    i: int, attempt: int = 0, *, keys: list[str] | None = None, rid: str | None = None
+) -> SiblingSealed:
+    rid = rid or ref(i, attempt).rollout_id
+    return SiblingSealed(
+        group_id="g",
+        generation_index=i,
+        attempt=attempt,
+        rollout_id=rid,
+        receipt=Receipt(rollout_id=rid, staging_keys=keys if keys is not None else [f"{rid}/0"]),
+        reward=1.0,
+        mask_sample=False,
+    )
+
+
+def result(i: int, attempt: int = 0) -> SealResult:
+    rid = ref(i, attempt).rollout_id
+    return SealResult(
+        generation_index=i,
+        attempt=attempt,
+        rollout_id=rid,
+        receipt=None,
+        reward=0.0,
+        mask_sample=True,
+    )
+
+
+READY = [reserved(n=1), dispatched(ref(0)), sealed(0)]
+FINALIZING = [*READY, FinalizationStarted(group_id="g", owner="f")]
+FINALIZED = [
+    *FINALIZING,
+    GroupFinalized(
+        group_id="g",
+        owner="f",
+        prompt_id="g",
+        target_step=0,
+        canonical_row_ids=["g_g0"],
+        min_weight_version=0,
+    ),
+]
+
+CASES: dict[str, tuple[list[Event], Event, str]] = {
+    "reserved twice": ([reserved()], reserved(), "already reserved"),
+    "admitted twice": (
+        [reserved()],
+        GroupAdmitted(group_id="g", admission_id="g", target_step=1, start_weight_version=0),
+        "already admitted",
+    ),
+    "admission disagrees": (
+        [reserved("a", admission_id="b1", target_step=1)],
+        reserved("c", admission_id="b1", target_step=2),
+        "must agree",
+    ),
+    "unknown group": ([], dispatched(ref(0)), "not in the ledger"),
+    "dispatch before admission": (
+        [reserved(admitted=False)],
+        dispatched(ref(0)),
+        "before admission",
+    ),
+    "dispatch out of range": ([reserved()], dispatched(ref(5)), "no such sibling"),
+    "dispatch twice": (
+        [reserved(), dispatched(ref(0))],
+        dispatched(ref(0)),
+        "is dispatched, expected reserved",
+    ),
+    "seal before dispatch": ([reserved()], sealed(0), "is reserved, expected dispatched"),
+    "seal names a future attempt": (
+        [reserved(), dispatched(ref(0))],
+        sealed(0, 1),
+        "current attempt is 0",
+    ),
+    "seal names a superseded attempt": (
+        [
+            reserved(),
+            dispatched(ref(0)),
+            UnsealedAbandoned(group_id="g", attempts=[ref(0)], reason="x"),
+            RetryPrepared(group_id="g", attempts=[ref(0, 1)]),
+        ],
+        sealed(0, 0),
+        "names attempt 0",
+    ),
+    "receipt of another rollout": (
+        [reserved(), dispatched(ref(0))],
+        msgspec.structs.replace(sealed(0), receipt=Receipt(rollout_id="g_g1", staging_keys=[])),
+        "receipt names rollout",
+    ),
+    "staging key twice in a receipt": (
+        [reserved(), dispatched(ref(0))],
+        sealed(0, keys=["k", "k"]),
+        "staging key twice",
+    ),
+    "sibling seal under prompt_group": (
+        [reserved(granularity="prompt_group"), dispatched(ref(0), ref(1))],
+        sealed(0),
+        "granularity is prompt_group",
+    ),
+    "group seal under sibling": (
+        [reserved(), dispatched(ref(0), ref(1))],
+        GroupSealed(group_id="g", results=[result(0), result(1)]),
+        "granularity is sibling",
+    ),
+    "partial group seal": (
+        [reserved(granularity="prompt_group"), dispatched(ref(0), ref(1))],
+        GroupSealed(group_id="g", results=[result(0)]),
+        "must name every sibling",
+    ),
+    "group seal mixes attempts": (
+        [reserved(granularity="prompt_group"), dispatched(ref(0), ref(1))],
+        GroupSealed(group_id="g", results=[result(0), result(1, 1)]),
+        "mixes attempts",
+    ),
+    "partial abandon under prompt_group": (
+        [reserved(granularity="prompt_group"), dispatched(ref(0), ref(1))],
+        GroupAbandoned(group_id="g", attempts=[ref(0)], reason="x"),
+        "must name every sibling",
+    ),
+    "abandon a sealed sibling": (
+        [reserved(), dispatched(ref(0), ref(1)), sealed(0)],
+        UnsealedAbandoned(group_id="g", attempts=[ref(0)], reason="x"),
+        "is sealed",
+    ),
+    "retry a dispatched attempt": (
+        [reserved(), dispatched(ref(0))],
+        RetryPrepared(group_id="g", attempts=[ref(0, 1)]),
+        "while it is dispatched",
+    ),
+    "retry number does not grow": (
+        [
+            reserved(),
+            dispatched(ref(0)),
+            UnsealedAbandoned(group_id="g", attempts=[ref(0)], reason="x"),
+        ],
+        RetryPrepared(group_id="g", attempts=[ref(0, 0)]),
+        "numbered above 0",
+    ),
+    "finalize without starting": (
+        READY,
+        FINALIZED[-1],
+        "cannot finalize while the group is ready_to_finalize",
+    ),
+    "finalize an unsealed group": (
+        [reserved(n=1)],
+        FinalizationStarted(group_id="g", owner="f"),
+        "while the group is generating",
+    ),
+    "finalize by another owner": (
+        FINALIZING,
+        msgspec.structs.replace(FINALIZED[-1], owner="other"),
+        "owned by 'f', not 'other'",
+    ),
+    "wrong canonical rows": (
+        FINALIZING,
+        msgspec.structs.replace(FINALIZED[-1], canonical_row_ids=["g_g7"]),
+        "canonical rows must be",
+    ),
+    "finalized twice": (FINALIZED, FINALIZED[-1], "replay buffer owns it"),
+    "discard with other keys": (
+        READY,
+        GroupDiscarded(group_id="g", reason="x", staging_keys=[]),
+        "exactly the keys",
+    ),
+    "consume an unselected group": (
+        FINALIZED,
+        ReplayConsumed(group_ids=["g"], step=1),
+        "while it is ready",
+    ),
+}
+
+
+def _stream(event: Event) -> str:
+    gid = getattr(event, "group_id", None)
+    return group_stream(gid) if isinstance(gid, str) else REPLAY_STREAM
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fold_refuses_an_event_that_breaks_a_rule(name: str) -> None:
+    prefix, bad, match = CASES[name]
+    state = fold_all(LedgerState(), prefix)
+    before = state.copy()
+    with pytest.raises(RuleViolation, match=match):
+        fold_all(state, [bad])
+    assert state == before  # a refused event changes nothing
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_reopening_a_log_with_a_rule_breaking_record_names_its_seq(
+    name: str, tmp_path: Path
+) -> None:
+    prefix, bad, match = CASES[name]
+    with EventLog.open(tmp_path / "run.db") as log:
+        for event in prefix:
+            log.append(_stream(event), [event], ANY)
+        seq = log.append(_stream(bad), [bad], ANY).seqs[0]
+        with pytest.raises(InvalidEventError, match=rf"seq {seq} \({type(bad).__name__}.*{match}"):
+            RecoveryLedger.open(log, InMemoryDataPlane())
+
+
+def _edit_payload(path: Path, seq: int, edit: Callable[[dict[str, object]], None]) -> None:
+    with sqlite3.connect(path) as db:
+        (payload,) = db.execute("SELECT payload FROM events WHERE seq = ?", (seq,)).fetchone()
+        data = msgspec.msgpack.decode(payload)
+        edit(data)
+        db.execute(
+            "UPDATE events SET payload = ? WHERE seq = ?", (msgspec.msgpack.encode(data), seq)
+        )
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda d: d.pop("mask_sample"), "missing required field `mask_sample`"),
+        (
+            lambda d: d.update(mask_sample=None),
+            r"Expected `bool`, got `None` - at `\$.mask_sample`",
+        ),
+        (lambda d: d.update(generation_index=-1), r"Expected `int` >= 0"),
+        (lambda d: d.update(reward="high"), r"Expected `float`, got `str`"),
+    ],
+)
+def test_a_hand_edited_seal_payload_fails_to_decode_naming_its_seq(
+    tmp_path: Path, edit: Callable[[dict[str, object]], None], match: str
+) -> None:
+    path = tmp_path / "run.db"
+    with EventLog.open(path) as log:
+        for event in [reserved(), dispatched(ref(0))]:
+            log.append(_stream(event), [event], ANY)
+        seq = log.append(group_stream("g"), [sealed(0)], ANY).seqs[0]
+    _edit_payload(path, seq, edit)
+    with (
+        EventLog.open(path) as log,
+        pytest.raises(SchemaError, match=rf"seq {seq}: SiblingSealed.*{match}"),
+    ):
+        RecoveryLedger.open(log, InMemoryDataPlane())

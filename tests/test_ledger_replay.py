@@ -1,0 +1,97 @@
+"""Replay ownership after finalization: selected, consumed, evicted, always by group id."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventlog.errors import LedgerRuleError
+from eventlog.events import REPLAY_STREAM, ReplayEvicted
+from tests.fixtures.ledger import Harness, harness  # noqa: F401
+
+
+def _finalized(h: Harness, *group_ids: str) -> None:
+    for gid in group_ids:
+        h.reserve(gid, n=1)
+        h.dispatch(gid)
+        h.seal(gid, 0)
+        h.run(lambda cut, g=gid: h.ledger.start_finalization(cut, g, owner="f"))
+        h.run(lambda cut, g=gid: h.ledger.finalize(cut, g, owner="f", min_weight_version=0))
+
+
+def test_finalized_groups_move_from_the_ledger_to_the_replay_buffer(harness: Harness) -> None:
+    h = harness
+    _finalized(h, "g1", "g2")
+    assert h.ledger.state.groups == {}
+    assert [e.group_id for e in h.ledger.replay.entries("ready")] == ["g1", "g2"]
+    h.run(lambda cut: h.ledger.replay.select(cut, ["g2"], step=3))
+    with pytest.raises(LedgerRuleError, match="was selected for step 3, not consumed by step 4"):
+        h.run(lambda cut: h.ledger.replay.consume(cut, ["g2"], step=4))
+    assert h.run(lambda cut: h.ledger.replay.consume(cut, ["g2"], step=3)) == ["g2"]
+    with pytest.raises(LedgerRuleError, match="cannot select: the replay buffer does not own it"):
+        h.run(lambda cut: h.ledger.replay.select(cut, ["g2"], step=4))
+    assert [e.group_id for e in h.ledger.replay.entries()] == ["g1"]
+
+
+def test_a_selected_group_cannot_be_evicted_until_released(harness: Harness) -> None:
+    h = harness
+    _finalized(h, "g1")
+    h.run(lambda cut: h.ledger.replay.select(cut, ["g1"], step=1))
+    with pytest.raises(LedgerRuleError, match="cannot evict while it is selected"):
+        h.run(lambda cut: h.ledger.replay.evict(cut, ["g1"], reason="stale"))
+    h.run(lambda cut: h.ledger.replay.release(cut, ["g1"], reason="step failed"))
+    assert h.run(lambda cut: h.ledger.replay.evict(cut, ["g1"], reason="stale")) == ["g1"]
+
+
+def test_removal_by_id_under_concurrent_mutation_never_hits_the_wrong_group(
+    harness: Harness,
+) -> None:
+    h = harness
+    _finalized(h, "g1", "g2", "g3", "g4")
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        first_listed = asyncio.Event()
+        other_done = asyncio.Event()
+
+        async def evictor_by_position() -> list[str]:
+            # Decides on "the second and third ready groups", then yields before removing.
+            async with h.barrier.mutation("group_removals") as cut:
+                ready = h.ledger.replay.entries("ready")
+                chosen = [ready[1].group_id, ready[2].group_id]  # ids taken before any await
+            first_listed.set()
+            await other_done.wait()
+            async with h.barrier.mutation("group_removals") as cut:
+                return h.ledger.replay.evict(cut, chosen, reason="stale")
+
+        async def concurrent_remover() -> list[str]:
+            await first_listed.wait()
+            async with h.barrier.mutation("group_removals") as cut:
+                removed = h.ledger.replay.evict(cut, ["g1", "g2"], reason="window moved")
+            other_done.set()
+            return removed
+
+        return await asyncio.gather(evictor_by_position(), concurrent_remover())  # type: ignore[return-value]
+
+    removed_by_first, removed_by_other = asyncio.run(scenario())
+    # Positions shifted under the first task (g1 left); it still removed exactly g3 and skipped
+    # g2, which the other task had already taken. g4 was never named, so it survives.
+    assert removed_by_other == ["g1", "g2"]
+    assert removed_by_first == ["g3"]
+    assert [e.group_id for e in h.ledger.replay.entries()] == ["g4"]
+    evictions = [
+        r.event for r in h.log.read_stream(REPLAY_STREAM) if isinstance(r.event, ReplayEvicted)
+    ]
+    assert [e.group_ids for e in evictions] == [["g1", "g2"], ["g3"]]
+
+
+def test_replay_ownership_comes_back_with_a_restore(harness: Harness) -> None:
+    h = harness
+    _finalized(h, "g1", "g2")
+    h.checkpoint(1)
+    h.run(lambda cut: h.ledger.replay.select(cut, ["g1", "g2"], step=2))
+    h.run(lambda cut: h.ledger.replay.consume(cut, ["g1", "g2"], step=2))
+    h.fresh_process()
+    plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset))
+    assert plan.replay_group_ids == ["g1", "g2"]
+    assert {e.status for e in h.ledger.replay.entries()} == {"ready"}
