@@ -49,9 +49,10 @@ def test_checkpoint_saved_by_a_sigkilled_process_restores_in_a_fresh_one(tmp_pat
     rows = plane.read_rows("staging", sorted(keys))
     for i in range(4):
         row = rows[f"g{i}_g0/call0"]
-        assert isinstance(row["token_ids"], torch.Tensor)
-        assert torch.equal(row["token_ids"], torch.arange(i + 1))
-        assert torch.equal(row["reward"], torch.tensor(i / 2))
+        token_ids, reward = row["token_ids"], row["reward"]
+        assert isinstance(token_ids, torch.Tensor) and isinstance(reward, torch.Tensor)
+        assert torch.equal(token_ids, torch.arange(i + 1))
+        assert torch.equal(reward, torch.tensor(i / 2))
 
 
 def test_saving_twice_into_one_directory_keeps_only_the_latest_rows(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ left behind must be found and stopped by PID.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
@@ -26,12 +28,10 @@ from hypothesis import strategies as st
 
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.dataplane.raysession import kill_ray_session, session_pids
-from eventlog.dataplane.transferqueue import (
-    TransferQueueDataPlane,
-    TransferQueueRuntime,
-    start_transferqueue,
-)
 from eventlog.errors import DataPlaneError, MissingRowsError
+
+if TYPE_CHECKING:  # imported lazily: collecting this module must not load Ray
+    from eventlog.dataplane.transferqueue import TransferQueueDataPlane, TransferQueueRuntime
 
 pytestmark = [pytest.mark.slow, pytest.mark.tq]
 
@@ -74,13 +74,16 @@ class ChildTQ:
     root: Path
     temp_dir: str
     pids: list[int]
-    loaded: dict[str, dict[str, object]]
+    loaded: dict[str, Any]
+    """What the child read back after loading: {"rows": ..., "tags": ...}."""
 
 
 @pytest.fixture(scope="module")
 def child_tq(
     tq_runtime: TransferQueueRuntime, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ChildTQ]:
+    from eventlog.dataplane.transferqueue import TEMP_ROOT_ENV, TransferQueueDataPlane
+
     work = tmp_path_factory.mktemp("child-tq")
     plane = TransferQueueDataPlane()
     plane.clear()
@@ -89,7 +92,7 @@ def child_tq(
     plane.clear()
 
     # Not under tmp_path: Ray's socket paths must fit in 107 bytes (see start_transferqueue).
-    root = Path(tempfile.mkdtemp(prefix="evl-"))
+    root = Path(tempfile.mkdtemp(prefix="c", dir=os.environ.get(TEMP_ROOT_ENV)))
     stderr = open(work / "child.stderr", "w")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(
         [
@@ -165,6 +168,8 @@ def _is_zombie(pid: int) -> bool:
 def test_starting_a_second_transferqueue_in_one_process_is_refused(
     tq_runtime: TransferQueueRuntime,
 ) -> None:
+    from eventlog.dataplane.transferqueue import start_transferqueue
+
     with pytest.raises(DataPlaneError, match="already initialised"):
         start_transferqueue()
 

@@ -110,7 +110,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 join_last=False,
             )
 
-    @rule(data=st.data(), rounds=st.integers(1, 6))
+    @rule(data=st.data(), rounds=st.integers(1, 10))
     def progress(self, data: st.DataObject, rounds: int) -> None:
         """Move admitted groups one natural step at a time; now and then a failure instead."""
         for _ in range(rounds):
@@ -227,8 +227,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 lambda cut: self.h.ledger.finalize(cut, gid, owner="f", min_weight_version=0)
             )
 
-    @rule(data=st.data())
-    def discard(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), go=st.integers(0, 3))
+    def discard(self, data: st.DataObject, go: int) -> None:
+        if go:
+            return
         groups = self.groups("generating", "ready_to_finalize", "finalization_unknown")
         if groups:
             gid = data.draw(st.sampled_from(groups))

@@ -3,8 +3,10 @@
 The only module that imports ``ray`` and ``transfer_queue``. What it papers over, so that it
 behaves exactly like `InMemoryDataPlane` (one contract suite runs against both):
 
-- TQ answers a read with whatever subset of the keys it has; we list first and raise
-  MissingRowsError, and check the row count of every answer.
+- TQ answers a read with whatever subset of the keys it has, and its key lookup answers with
+  the rows it found but not their keys; every row carries its own key in a reserved tag
+  (``eventlog.key``), so a lookup names exactly the missing keys (MissingRowsError), and the
+  row count of every answer is checked again.
 - TQ reads only the fields that *all* requested rows have; we record each row's field names in
   a reserved tag (``eventlog.fields``) and read rows with different field sets separately.
 - A TQ put merges tags and keeps fields the new row lacks; an upsert here deletes the old row
@@ -29,7 +31,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 
@@ -61,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 FIELDS_TAG = RESERVED_TAG_PREFIX + "fields"
 """Reserved tag holding the JSON list of a row's field names."""
+KEY_TAG = RESERVED_TAG_PREFIX + "key"
+"""Reserved tag holding the row's own key: TQ's per-key lookups answer without keys."""
 CHECKPOINT_SUBDIR = "transferqueue"
 """TQ's own checkpoint directory inside the directory given to `save_checkpoint`."""
 TEMP_ROOT_ENV = "EVENTLOG_RAY_TMPDIR"
@@ -89,29 +93,41 @@ class TransferQueueDataPlane:
                 hint="call eventlog.dataplane.transferqueue.start_transferqueue() first",
             ) from exc
 
-    # -- listing ------------------------------------------------------------------------
+    # -- listing (costs a pass over the partition, or over every partition) -------------
     def list_partitions(self) -> list[str]:
         """Partitions that currently hold at least one row, sorted."""
         listing = _call("list partitions", tq.kv_list)
         return sorted(
-            p for p, keys in listing.items() if any(FIELDS_TAG in t for t in keys.values())
+            p for p, keys in listing.items() if any(_is_row(tags) for tags in keys.values())
         )
 
     def list_keys(self, partition: str) -> dict[str, dict[str, str]]:
         """Every staging key in the partition with its tags (empty dict when none)."""
-        return {
-            key: {t: v for t, v in tags.items() if not t.startswith(RESERVED_TAG_PREFIX)}
-            for key, tags in self._listing(partition).items()
-            if FIELDS_TAG in tags
-        }
-
-    def _listing(self, partition: str) -> dict[str, dict[str, str]]:
-        """Raw TQ listing of one partition: every registered key with all its tags."""
         check_partition(partition)
         listing = _call(f"list partition {partition!r}", tq.kv_list, partition_id=partition)
-        return dict(listing.get(partition, {}))
+        return {
+            key: _user_tags(tags)
+            for key, tags in listing.get(partition, {}).items()
+            if _is_row(tags)
+        }
 
-    # -- rows ---------------------------------------------------------------------------
+    # -- rows (cost grows with the keys asked for, not with the partition) -------------
+    def _present(self, partition: str, keys: list[str]) -> dict[str, list[str]]:
+        """Which of `keys` hold a complete row: key -> its field names."""
+        client = tq.get_client()
+        meta = _call(
+            f"look up {len(keys)} keys in {partition!r}",
+            client.kv_retrieve_meta,
+            keys=keys,
+            partition_id=partition,
+            create=False,
+        )
+        present: dict[str, list[str]] = {}
+        for tags in meta.custom_meta:
+            if _is_row(tags):
+                present[tags[KEY_TAG]] = json.loads(tags[FIELDS_TAG])
+        return present
+
     def put_rows(
         self,
         partition: str,
@@ -122,8 +138,7 @@ class TransferQueueDataPlane:
         checked = check_rows(partition, rows, tags)
         if not checked:
             return
-        registered = self._listing(partition)
-        stale = [row.key for row in checked if row.key in registered]
+        stale = list(self._present(partition, [row.key for row in checked]))
         if stale:
             _call(f"clear {len(stale)} rows of {partition!r}", tq.kv_clear, stale, partition)
         for group in _group_by_signature(checked):
@@ -132,7 +147,9 @@ class TransferQueueDataPlane:
                 {name: _pack([row.fields[name] for row in group]) for name in names},
                 batch_size=[len(group)],
             )
-            row_tags = [{**row.tags, FIELDS_TAG: json.dumps(names)} for row in group]
+            row_tags = [
+                {**row.tags, KEY_TAG: row.key, FIELDS_TAG: json.dumps(names)} for row in group
+            ]
             _call(
                 f"put {len(group)} rows into {partition!r}",
                 tq.kv_batch_put,
@@ -148,18 +165,19 @@ class TransferQueueDataPlane:
         wanted = check_keys(partition, keys)
         if not wanted:
             return {}
-        registered = self._listing(partition)
-        missing = [key for key in wanted if FIELDS_TAG not in registered.get(key, {})]
+        present = self._present(partition, wanted)
+        missing = [key for key in wanted if key not in present]
         if missing:
             raise MissingRowsError(partition, missing)
-        by_fields: dict[str, list[str]] = {}
+        by_fields: dict[tuple[str, ...], list[str]] = {}
         for key in wanted:
-            by_fields.setdefault(registered[key][FIELDS_TAG], []).append(key)
+            by_fields.setdefault(tuple(present[key]), []).append(key)
         found: dict[str, Row] = {}
-        for names_json, group in by_fields.items():
-            names: list[str] = json.loads(names_json)
+        for names, group in by_fields.items():
             try:
-                batch = tq.kv_batch_get(keys=group, partition_id=partition, select_fields=names)
+                batch = tq.kv_batch_get(
+                    keys=group, partition_id=partition, select_fields=list(names)
+                )
             except Exception as exc:  # TQ raises ValueError/RuntimeError for absent rows
                 self._raise_missing(partition, group, f"TQ refused the read: {exc}", exc)
             if batch.batch_size[0] != len(group):
@@ -175,10 +193,9 @@ class TransferQueueDataPlane:
 
     def _raise_missing(
         self, partition: str, group: list[str], why: str, exc: BaseException | None = None
-    ) -> Any:
-        """A read came back short: name the keys that vanished, or report TQ's answer."""
-        registered = self._listing(partition)
-        gone = [key for key in group if FIELDS_TAG not in registered.get(key, {})]
+    ) -> NoReturn:
+        """A read came back short (a concurrent delete): name the keys that vanished."""
+        gone = [key for key in group if key not in self._present(partition, group)]
         if gone:
             raise MissingRowsError(partition, gone) from exc
         raise DataPlaneError(f"partition {partition!r}: {why} (keys {group[:5]}…)") from exc
@@ -186,12 +203,8 @@ class TransferQueueDataPlane:
     def delete_rows(self, partition: str, keys: Iterable[str]) -> None:
         """Remove rows by key; absent keys and unknown partitions are ignored."""
         doomed = check_keys(check_partition(partition), keys)
-        if not doomed:
-            return
-        registered = self._listing(partition)
-        present = [key for key in doomed if key in registered]
-        if present:  # TQ logs a warning per absent key, so ask only for present ones
-            _call(f"clear {len(present)} rows of {partition!r}", tq.kv_clear, present, partition)
+        if doomed:
+            _call(f"clear {len(doomed)} rows of {partition!r}", tq.kv_clear, doomed, partition)
 
     def clear(self) -> None:
         """Remove every row of every partition (and the partitions themselves)."""
@@ -206,7 +219,7 @@ class TransferQueueDataPlane:
             (partition, key)
             for partition, keys in listing.items()
             for key, tags in keys.items()
-            if FIELDS_TAG in tags
+            if _is_row(tags)
         )
 
     def save_checkpoint(self, directory: str) -> DataPlaneCheckpoint:
@@ -254,6 +267,15 @@ class TransferQueueDataPlane:
                 f"found {found} ({len(loaded)} rows)"
             )
         logger.info("loaded TransferQueue data plane: %d rows from %s", len(loaded), source)
+
+
+def _is_row(tags: Mapping[str, object]) -> bool:
+    """A key TQ knows whose row was completely written (our put sets both tags with the data)."""
+    return FIELDS_TAG in tags and KEY_TAG in tags
+
+
+def _user_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    return {t: v for t, v in tags.items() if not t.startswith(RESERVED_TAG_PREFIX)}
 
 
 # -- tensors ----------------------------------------------------------------------------
@@ -320,7 +342,7 @@ def start_transferqueue(*, temp_root: str | None = None, num_cpus: int = 3) -> T
     """Start a loopback-only Ray and TQ (one SimpleStorage unit) owned by this process.
 
     ``temp_root`` (default ``$EVENTLOG_RAY_TMPDIR``, else the system temp dir) receives a new
-    ``evl-ray-*`` directory; ``kill_ray_session(temp_root)`` stops every session under
+    ``ray-*`` directory; ``kill_ray_session(temp_root)`` stops every session under
     it, even after this process was SIGKILLed. TQ takes two Ray CPUs, hence ``num_cpus=3``.
     """
     if ray.is_initialized():
@@ -332,7 +354,7 @@ def start_transferqueue(*, temp_root: str | None = None, num_cpus: int = 3) -> T
         raise DataPlaneError(f"num_cpus: expected at least 3 (TQ takes 2), found {num_cpus}")
     root = temp_root or os.environ.get(TEMP_ROOT_ENV) or tempfile.gettempdir()
     os.makedirs(root, exist_ok=True)
-    temp_dir = tempfile.mkdtemp(prefix="evl-ray-", dir=root)
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir=root)
     if len(temp_dir.encode()) > _MAX_TEMP_DIR_BYTES:
         os.rmdir(temp_dir)
         raise DataPlaneError(

@@ -294,12 +294,12 @@ class RolloutWorker:
             )
             for i, (index, number) in enumerate(attempts)
         ]
-        with self._busy.section():
-            try:
+        try:
+            with self._busy.section():
                 await self._start(runs, agent, call)
                 return await self._generate(runs, agent, call, prompt_ids)
-            finally:
-                self.stats.busy_s = self._busy.total
+        finally:
+            self.stats.busy_s = self._busy.total
 
     # -- the steps of an attempt -----------------------------------------------------------
 

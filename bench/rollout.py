@@ -1,0 +1,227 @@
+"""Rollout benchmark: what the log costs a vLLM rollout worker, per token and in wall time.
+
+One engine (the tiny model unless ``--model DIR``), one SQLite log per repeat, the in-memory
+data plane. Each cell runs G prompt groups of N siblings concurrently through a
+`RolloutWorker` and, as the baseline, the same engine calls (same prompts, seeds and
+concurrency) with no log and no staging. Reported per cell (medians over repeats):
+
+- events per generated token (start + one TokensStaged per call + finish, per attempt);
+- ``log_share``: wall time during which the worker was waiting on at least one append, over
+  the worker's busy wall time (appends overlap generation of other siblings, so this is an
+  upper bound on what the log takes from the critical path);
+- ``overhead``: 1 - worker tokens/s / engine-only tokens/s (log + staging + reward together).
+
+`python -m bench.rollout [--quick] [--model DIR]`, or through `python -m bench` once listed
+there. Results go to <out_dir>/rollout.json and rollout.machine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench.common import RESULTS_DIR, Results, machine
+from eventlog import EventLog
+from eventlog.dataplane.memory import InMemoryDataPlane
+from eventlog.log import Durability
+from eventlog.rollout.agents import get_agent
+from eventlog.rollout.sampling import Sampling, TokenEngine
+from eventlog.rollout.worker import RolloutWorker, WorkerStats
+
+PROMPTS = (
+    "Question: what is 2 + 3? Answer:",
+    "Write a short story about a lighthouse keeper.",
+    "Summarise the paragraph in one sentence.",
+    "The controller appends every change of a prompt group",
+)
+
+
+def cells(quick: bool) -> list[dict[str, Any]]:
+    """The grid: (agent, groups, siblings, max_tokens)."""
+    if quick:
+        return [
+            {"agent": "overlap", "groups": 4, "siblings": 4, "max_tokens": 16},
+            {"agent": "two_turn_digits", "groups": 4, "siblings": 4, "max_tokens": 16},
+        ]
+    return [
+        {"agent": "overlap", "groups": 8, "siblings": 8, "max_tokens": 64},
+        {"agent": "overlap", "groups": 16, "siblings": 16, "max_tokens": 16},
+        {"agent": "two_turn_digits", "groups": 8, "siblings": 8, "max_tokens": 64},
+    ]
+
+
+async def engine_only(engine: TokenEngine, cell: dict[str, Any], tag: str) -> tuple[int, float]:
+    """Tokens generated and seconds taken by the bare engine calls of one cell."""
+    tokens = 0
+
+    async def group(g: int) -> None:
+        nonlocal tokens
+        sampling = Sampling(
+            n=cell["siblings"], max_tokens=cell["max_tokens"], seed=1000 * g, ignore_eos=True
+        )
+        prompt = engine.tokenize(PROMPTS[g % len(PROMPTS)])
+        for call in range(get_agent(cell["agent"]).calls):
+            async for delta in engine.generate(prompt, sampling, f"{tag}-{g}-{call}"):
+                tokens += len(delta.token_ids)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(group(g) for g in range(cell["groups"])))
+    return tokens, time.perf_counter() - started
+
+
+async def with_worker(worker: RolloutWorker, cell: dict[str, Any], tag: str) -> float:
+    """Seconds for the worker to run every attempt of one cell."""
+
+    async def group(g: int) -> None:
+        sampling = Sampling(
+            n=cell["siblings"], max_tokens=cell["max_tokens"], seed=1000 * g, ignore_eos=True
+        )
+        attempts = [(i, 0) for i in range(cell["siblings"])]
+        results = await worker.run_attempts(
+            f"{tag}-{g}", attempts, PROMPTS[g % len(PROMPTS)], sampling, cell["agent"]
+        )
+        failed = [r.error for r in results if not r.finished]
+        if failed:
+            raise RuntimeError(f"bench attempts failed: {failed[:3]}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(group(g) for g in range(cell["groups"])))
+    return time.perf_counter() - started
+
+
+def measure(
+    engine: TokenEngine,
+    cell: dict[str, Any],
+    durability: Durability,
+    repeats: int,
+    work: Path,
+) -> dict[str, Any]:
+    samples: list[dict[str, float]] = []
+    for repeat in range(repeats):
+        tag = f"{cell['agent']}-{durability}-{cell['groups']}x{cell['siblings']}-r{repeat}"
+        base_tokens, base_s = asyncio.run(engine_only(engine, cell, f"base-{tag}"))
+        path = work / f"{tag}.db"
+        with EventLog.open(path, durability=durability) as log:
+            worker = RolloutWorker(engine, log, InMemoryDataPlane(), worker_id="bench")
+            wall = asyncio.run(with_worker(worker, cell, tag))
+            stats: WorkerStats = worker.stats
+        path.unlink(missing_ok=True)
+        samples.append(
+            {
+                "generated_tokens": stats.generated_tokens,
+                "engine_only_tokens": base_tokens,
+                "events": stats.events,
+                "appends": stats.appends,
+                "wall_s": wall,
+                "busy_s": stats.busy_s,
+                "log_busy_s": stats.log_busy_s,
+                "log_wait_s": stats.log_wait_s,
+                "stage_wait_s": stats.stage_wait_s,
+                "worker_tokens_per_s": stats.generated_tokens / wall,
+                "engine_only_tokens_per_s": base_tokens / base_s,
+            }
+        )
+
+    def median(key: str) -> float:
+        return statistics.median(s[key] for s in samples)
+
+    worker_rate = median("worker_tokens_per_s")
+    base_rate = median("engine_only_tokens_per_s")
+    shares = [s["log_busy_s"] / s["busy_s"] for s in samples if s["busy_s"]]
+    return {
+        **cell,
+        "calls": get_agent(cell["agent"]).calls,
+        "durability": durability,
+        "repeats": repeats,
+        "generated_tokens": int(median("generated_tokens")),
+        "events": int(median("events")),
+        "appends": int(median("appends")),
+        "events_per_token": round(median("events") / median("generated_tokens"), 4),
+        "worker_tokens_per_s": round(worker_rate, 1),
+        "engine_only_tokens_per_s": round(base_rate, 1),
+        "overhead": round(1 - worker_rate / base_rate, 4) if base_rate else None,
+        "log_share": round(statistics.median(shares), 4) if shares else None,
+        "log_share_min": round(min(shares), 4) if shares else None,
+        "log_share_max": round(max(shares), 4) if shares else None,
+        "log_wait_ms_per_append": round(1000 * median("log_wait_s") / median("appends"), 3),
+        "stage_wait_s": round(median("stage_wait_s"), 4),
+        "wall_s": round(median("wall_s"), 3),
+    }
+
+
+def run(
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    durabilities: Sequence[Durability] = ("full", "normal"),
+    model: str | None = None,
+    out_dir: Path | None = None,
+    workdir: Path | None = None,
+    console: Console | None = None,
+    **_: Any,
+) -> Results:
+    """Run the rollout cells, print one line per cell, write <out_dir>/rollout.json."""
+    from eventlog.rollout.engine import EngineConfig, VllmEngine
+    from eventlog.rollout.tiny_model import build_tiny_model
+
+    console = console or Console()
+    repeats = repeats if repeats is not None else (1 if quick else 3)
+    made_workdir = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="eventlog-bench-rollout-")) if workdir is None else workdir
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = model or str(build_tiny_model(Path(".cache") / "tiny-model"))
+    results = Results("rollout", machine(work, {"repeats": repeats, "model": model_dir}))
+    started = time.perf_counter()
+    engine = VllmEngine.start(EngineConfig(model=model_dir))
+    results.header["engine_start_s"] = round(time.perf_counter() - started, 2)
+    try:
+        warm = {"agent": "overlap", "groups": 1, "siblings": 2, "max_tokens": 4}
+        asyncio.run(engine_only(engine, warm, "warmup"))  # first logprobs call compiles a kernel
+        for cell in cells(quick):
+            for durability in durabilities:
+                row = measure(engine, cell, durability, repeats, work)
+                results.rows.append(row)
+                console.print(
+                    f"  {row['agent']:<16} {row['groups']:>3}x{row['siblings']:<3} "
+                    f"tokens {row['max_tokens']:>3}x{row['calls']} {durability:<6} "
+                    f"{row['events_per_token']:.3f} ev/token  "
+                    f"log share {row['log_share']:.1%}  overhead {row['overhead']:+.1%}  "
+                    f"{row['worker_tokens_per_s']:,.0f} tok/s "
+                    f"(engine only {row['engine_only_tokens_per_s']:,.0f})",
+                    highlight=False,
+                )
+    finally:
+        engine.close()
+        if made_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    target = out_dir or RESULTS_DIR
+    for path in results.write(target):
+        console.print(f"wrote {path}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.rollout", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small cells, one repeat")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--model", help="local Hugging Face model directory (default: tiny)")
+    parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    args = parser.parse_args(argv)
+    out = args.out
+    if out is None and args.quick:
+        out = Path(tempfile.mkdtemp(prefix="eventlog-bench-quick-"))
+    run(quick=args.quick, repeats=args.repeats, model=args.model, out_dir=out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
