@@ -73,6 +73,8 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         "cpu_us_per_event": round(cpu["median"], 2),
         "cpu_us_per_event_min": round(cpu["min"], 2),
         "cpu_us_per_event_max": round(cpu["max"], 2),
+        "events_per_s_each": [round(s.events_per_s, 1) for s in samples],
+        "cpu_us_per_event_each": [round(s.cpu_seconds / s.events * 1e6, 2) for s in samples],
         "events": samples[0].events,
         "repeats": len(samples),
         "events_per_commit": round(statistics.median(per_commit), 2) if per_commit else None,

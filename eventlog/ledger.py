@@ -189,8 +189,6 @@ class RecoveryLedger:
         if until_seq > snap_seq:
             for rec in self.log.read(from_seq=snap_seq + 1, until_seq=until_seq):
                 versions[rec.stream] = rec.version
-                if rec.seq in skipped:
-                    continue
                 try:
                     fold(state, rec.event)
                 except RuleViolation as exc:

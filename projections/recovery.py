@@ -161,5 +161,5 @@ def restart_events(
             else []
         )
     scratch = fold_all(LedgerState(groups={group.group_id: group}), abandon)
-    floor = {}
+    floor = {i: u.minted for i, u in used.items()}
     return [*abandon, *retry_events(scratch.groups[group.group_id], floor)]

@@ -381,3 +381,32 @@ def _sampled_logprobs(
             )
         found.append(float(entry.logprob))
     return tuple(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m eventlog.rollout.engine --model DIR`: check that a model directory serves."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m eventlog.rollout.engine")
+    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
+    parser.add_argument("--prompt", default="Question: what is 2 + 3? Answer:")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--n", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    async def generate(engine: VllmEngine) -> dict[int, list[int]]:
+        samples: dict[int, list[int]] = {}
+        sampling = Sampling(n=args.n, max_tokens=args.max_tokens, seed=args.seed)
+        async for delta in engine.generate(engine.tokenize(args.prompt), sampling, "cli"):
+            samples.setdefault(delta.index, []).extend(delta.token_ids)
+        return samples
+
+    with VllmEngine.start(EngineConfig(model=args.model)) as engine:
+        for index, ids in sorted(asyncio.run(generate(engine)).items()):
+            sys.stdout.write(f"[{index}] {engine.detokenize(ids)!r}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
