@@ -150,7 +150,9 @@ class EventLog:
                     raise InvalidEventError(
                         f"stream {request.stream!r}: item {index}: {exc}"
                     ) from exc
-                items.append(PreparedEvent(event_id.bytes, type_name, schema, payload, supplied))
+                items.append(
+                    PreparedEvent(event_id.bytes, type_name, schema, payload, supplied, event_id)
+                )
             prepared.append(PreparedRequest(request.stream, request.expected_version, items))
         return prepared
 

