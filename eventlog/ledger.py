@@ -21,13 +21,12 @@ from typing import Any, Protocol
 
 import msgspec
 
+from eventlog.checkpoint import check_rows, fold_until, run_checkpoint
 from eventlog.config import RecoveryConfig, resolve_granularity
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.errors import (
     ConcurrencyError,
-    InvalidEventError,
     LedgerRuleError,
-    ReconciliationError,
     StaleAttemptError,
 )
 from eventlog.events import (
@@ -54,10 +53,9 @@ from eventlog.events import (
 )
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
-from eventlog.replay import ReplayOwnership
+from eventlog.replay_ownership import ReplayOwnership
 from eventlog.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
 from projections.history import RolledBack, rolled_back
-from projections.reconcile import referenced_keys
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import (
     AttemptState,
@@ -73,7 +71,6 @@ __all__ = ["Cut", "FinalizationInputs", "RecoveryLedger", "SiblingResult"]
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_NAME = "recovery-ledger"
 DEFAULT_STAGING_PARTITION = "rollout_staging"
 
 
@@ -104,13 +101,6 @@ class FinalizationInputs(msgspec.Struct, frozen=True, kw_only=True):
     receipts: list[Receipt | None]
     rewards: list[float]
     mask_samples: list[bool]
-
-
-class _Snapshot(msgspec.Struct, kw_only=True):
-    """A snapshot payload: the state and the stream versions it was folded from."""
-
-    state: LedgerState
-    versions: dict[str, int]
 
 
 _check_decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
@@ -153,7 +143,7 @@ class RecoveryLedger:
         self._prompts: dict[str, Prompt] = {}
         self._fenced: str | None = None
         self.replay = ReplayOwnership(self)
-        """Finalized groups the replay buffer owns, by group id (eventlog.replay)."""
+        """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -175,48 +165,8 @@ class RecoveryLedger:
         head = log.head()
         controller = [r for r in log.read_stream(CONTROLLER_STREAM) if r.seq <= head]
         ledger._skipped = rolled_back(controller)
-        ledger._state, ledger._versions = ledger._fold_until(head)
+        ledger._state, ledger._versions = fold_until(log, head, ledger._skipped)
         return ledger
-
-    def _fold_until(
-        self, until_seq: int, skipped: RolledBack | None = None
-    ) -> tuple[LedgerState, dict[str, int]]:
-        """The effective state at `until_seq`: newest usable snapshot, then the records after."""
-        skipped = self._skipped if skipped is None else skipped
-        snap_seq, snapshot = self._usable_snapshot(until_seq, skipped)
-        state = snapshot.state if snapshot else LedgerState()
-        versions = dict(snapshot.versions) if snapshot else {}
-        if until_seq > snap_seq:
-            for rec in self.log.read(from_seq=snap_seq + 1, until_seq=until_seq):
-                versions[rec.stream] = rec.version
-                try:
-                    fold(state, rec.event)
-                except RuleViolation as exc:
-                    raise InvalidEventError(
-                        f"seq {rec.seq} ({rec.type} on stream {rec.stream!r}) breaks a ledger "
-                        f"rule: {exc}",
-                        hint="the log was edited or written by something other than the ledger",
-                    ) from None
-        return state, versions
-
-    def _usable_snapshot(self, until_seq: int, skipped: RolledBack) -> tuple[int, _Snapshot | None]:
-        at: int | None = until_seq
-        while at is not None and at > 0:
-            found = self.log.load_snapshot(SNAPSHOT_NAME, at_or_before_seq=at)
-            if found is None:
-                break
-            seq, payload = found
-            if seq not in skipped:
-                try:
-                    return seq, msgspec.msgpack.decode(payload, type=_Snapshot)
-                except msgspec.DecodeError as exc:
-                    logger.warning(
-                        "snapshot at seq %d is unreadable (%s); folding instead", seq, exc
-                    )
-            at = seq - 1
-        return 0, None
-
-    # -- reading ---------------------------------------------------------------------------
 
     @property
     def state(self) -> LedgerState:
@@ -321,11 +271,16 @@ class RecoveryLedger:
         admission_id: str | None = None,
         granularity: str | None = None,
         agent_name: str | None = None,
+        fingerprint: bool = True,
     ) -> GroupState:
         """Record that a prompt left the dataloader as a group; fixes its granularity for good.
 
+        `prompt` must carry its identity: `prompt_id` (and `task_name` equal to the ref's).
         `granularity` None resolves it from the ledger's config (agent beats task beats
         default); the stored value is used by every later failure, retry and restore.
+        `fingerprint` stores a digest of the prompt's JSON content, so a restore also refuses
+        a dataset whose prompt changed under the same id; turn it off for prompts that are
+        not JSON (tensors): identity is then prompt_id and task_name only.
         """
         cut.require_live()
         state = self._require_state()
@@ -347,9 +302,12 @@ class RecoveryLedger:
         if agent_name is None:
             agent_name = _agent_name(prompt)
         try:
-            digest = prompt_digest(prompt)
+            digest = prompt_digest(prompt) if fingerprint else None
         except (TypeError, msgspec.EncodeError) as exc:
-            raise LedgerRuleError(f"{where}: the prompt cannot be fingerprinted: {exc}") from None
+            raise LedgerRuleError(
+                f"{where}: the prompt cannot be fingerprinted: {exc}",
+                hint="pass fingerprint=False to check identity by prompt_id and task_name only",
+            ) from None
         if group_id not in state.groups:
             self._refuse_used_group_id(group_id)
         event = GroupReserved(
@@ -634,61 +592,17 @@ class RecoveryLedger:
     # -- checkpoint and restore ------------------------------------------------------------
 
     def checkpoint(self, cut: Cut, *, step: int, directory: str) -> CheckpointCommitted:
-        """A consistent cut of ledger, data plane and log (inside `barrier.checkpoint()`)."""
-        cut.require_live()
-        if getattr(cut, "exclusive", True) is False:
-            raise LedgerRuleError(
-                "checkpoint needs the barrier's exclusive checkpoint cut, found a mutation cut",
-                hint="async with barrier.checkpoint() as cut: ledger.checkpoint(cut, ...)",
-            )
-        state = self._require_state()
-        for group in state.groups.values():
-            if group.status in ("finalizing", "finalization_unknown"):
-                raise LedgerRuleError(
-                    f"group {group.group_id!r}: cannot checkpoint while it is {group.status} "
-                    f"(owner {group.finalization_owner!r})",
-                    hint="finish or resolve finalization first",
-                )
-        self.check_rows(state)
-        saved = self.data_plane.save_checkpoint(directory)
-        covers_seq, chain = self.log.tail_chain()
-        event = CheckpointCommitted(
-            step=step,
-            data_plane_ref=saved.ref,
-            inventory_digest=saved.inventory_digest,
-            row_count=saved.row_count,
-            ledger_digest=state_digest(state),
-            group_count=len(state.groups),
-            covers_seq=covers_seq,
-            chain=chain.hex(),
-        )
-        (result,) = self._commit(cut, [(CONTROLLER_STREAM, [event])])
-        snapshot = _Snapshot(state=self._require_state(), versions=self._versions)
-        self.log.save_snapshot(SNAPSHOT_NAME, result.seqs[0], msgspec.msgpack.encode(snapshot))
-        logger.info(
-            "checkpoint step %d at seq %d: %d groups, %d data-plane rows",
-            step,
-            result.seqs[0],
-            len(state.groups),
-            saved.row_count,
-        )
-        return event
+        """A consistent cut of ledger, data plane and log (inside `barrier.checkpoint()`).
 
-    def check_rows(self, state: LedgerState | None = None) -> None:
+        Refuses while a group is finalizing or finalization_unknown, checks every sealed
+        staging row exists, saves the data plane's checkpoint under `directory`, appends
+        CheckpointCommitted and stores a projection snapshot at its seq.
+        """
+        return run_checkpoint(self, cut, step=step, directory=directory)
+
+    def check_rows(self) -> None:
         """Every staging key a sealed attempt owns must be in the data plane (fail closed)."""
-        state = self._require_state() if state is None else state
-        try:
-            owners = referenced_keys(state)
-        except RuleViolation as exc:
-            raise ReconciliationError(str(exc)) from None
-        present = self.data_plane.list_keys(self.staging_partition)
-        for key, owner in sorted(owners.items()):
-            if key not in present:
-                raise ReconciliationError(
-                    f"group {owner.group_id!r}, sibling {owner.generation_index}, attempt "
-                    f"{owner.attempt}: staging key {key!r} is missing from partition "
-                    f"{self.staging_partition!r}"
-                )
+        check_rows(self._require_state(), self.data_plane, self.staging_partition)
 
     def restore(self, cut: Cut, dataset: Dataset, *, step: int | None = None) -> RestorePlan:
         """Go back to a checkpoint (the newest with `step`, or the newest of all when None).

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from eventlog.checkpoint import fold_until
 from eventlog.dataplane.protocol import DataPlaneCheckpoint
 from eventlog.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
 from eventlog.events import (
@@ -262,7 +263,7 @@ def run_restore(
             row_count=ckpt.row_count,
         )
     )
-    state, _ = ledger._fold_until(ckpt_seq, skipped)
+    state, _ = fold_until(log, ckpt_seq, skipped)
     found = state_digest(state)
     if found != ckpt.ledger_digest:
         raise ReconciliationError(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.tq"]
+pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.tq", "tests.fixtures.ledger"]
 
 
 @pytest.fixture(

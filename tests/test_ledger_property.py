@@ -23,10 +23,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.errors import LedgerRuleError, StaleAttemptError
-from eventlog.events import CONTROLLER_STREAM, GroupFinalized, SiblingsDispatched
+from eventlog.events import (
+    CONTROLLER_STREAM,
+    CheckpointCommitted,
+    GroupFinalized,
+    RestoreStarted,
+    SiblingsDispatched,
+)
 from eventlog.ledger import RecoveryLedger, SiblingResult
-from projections.history import effective, rolled_back
+from projections.history import effective, effective_checkpoints, rolled_back
 from tests.fixtures.ledger import Harness
+
+
+def controller_digest(checkpoints: list[tuple[int, CheckpointCommitted]], step: int) -> str:
+    """The ledger digest a checkpoint recorded: an interrupted restore leaves exactly it."""
+    return next(ev.ledger_digest for _, ev in checkpoints if ev.step == step)
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -126,7 +137,9 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         if not groups:
             return False
-        group = state.groups[data.draw(st.sampled_from(groups))]
+        # Half the time push the oldest group on, so groups reach finalization and replay.
+        focus = data.draw(st.booleans())
+        group = state.groups[groups[0] if focus else data.draw(st.sampled_from(groups))]
         gid = group.group_id
         in_flight = group.indices("dispatched")
         if in_flight and data.draw(st.integers(0, 4)) == 0:
@@ -286,12 +299,24 @@ class LedgerMachine(RuleBasedStateMachine):
             db.execute("DELETE FROM snapshots")
         self.h.reopen()
 
-    @rule(data=st.data())
-    def crash_and_restore(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), interrupted=st.booleans())
+    def crash_and_restore(self, data: st.DataObject, interrupted: bool) -> None:
         if not self.checkpoints:
             return
         at = data.draw(st.integers(0, len(self.checkpoints) - 1))
         step, sealed, replay = self.checkpoints[at]
+        if interrupted:
+            # An earlier restore to this checkpoint died right after its first append.
+            controller = list(self.h.log.read_stream(CONTROLLER_STREAM))
+            checkpoints = effective_checkpoints(controller, rolled_back(controller))
+            seq = next(seq for seq, ev in checkpoints if ev.step == step)
+            started = RestoreStarted(
+                checkpoint_step=step, checkpoint_seq=seq, rolled_back_from_seq=seq + 1
+            )
+            self.h.log.append(CONTROLLER_STREAM, [started], controller[-1].version)
+            assert RecoveryLedger.open(self.h.log, self.h.data_plane).digest() == (
+                controller_digest(checkpoints, step)
+            )
         self.h.fresh_process()
         plan = self.h.run(lambda cut: self.h.ledger.restore(cut, self.h.dataset, step=step))
         del self.checkpoints[at + 1 :]  # restoring rolled the later checkpoints back
@@ -330,8 +355,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 LedgerMachine.TestCase.settings = settings(
-    max_examples=30,
-    stateful_step_count=40,
+    max_examples=40,
+    stateful_step_count=50,
     derandomize=True,
     database=None,
     deadline=None,

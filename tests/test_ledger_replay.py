@@ -8,7 +8,12 @@ import pytest
 
 from eventlog.errors import LedgerRuleError
 from eventlog.events import REPLAY_STREAM, ReplayEvicted
-from tests.fixtures.ledger import Harness, harness  # noqa: F401
+from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
+
+
+def _finalize(h: Harness, gid: str) -> None:
+    h.run(lambda cut: h.ledger.start_finalization(cut, gid, owner="f"))
+    h.run(lambda cut: h.ledger.finalize(cut, gid, owner="f", min_weight_version=0))
 
 
 def _finalized(h: Harness, *group_ids: str) -> None:
@@ -16,8 +21,7 @@ def _finalized(h: Harness, *group_ids: str) -> None:
         h.reserve(gid, n=1)
         h.dispatch(gid)
         h.seal(gid, 0)
-        h.run(lambda cut, g=gid: h.ledger.start_finalization(cut, g, owner="f"))
-        h.run(lambda cut, g=gid: h.ledger.finalize(cut, g, owner="f", min_weight_version=0))
+        _finalize(h, gid)
 
 
 def test_finalized_groups_move_from_the_ledger_to_the_replay_buffer(harness: Harness) -> None:
@@ -71,7 +75,8 @@ def test_removal_by_id_under_concurrent_mutation_never_hits_the_wrong_group(
             other_done.set()
             return removed
 
-        return await asyncio.gather(evictor_by_position(), concurrent_remover())  # type: ignore[return-value]
+        first, other = await asyncio.gather(evictor_by_position(), concurrent_remover())
+        return first, other
 
     removed_by_first, removed_by_other = asyncio.run(scenario())
     # Positions shifted under the first task (g1 left); it still removed exactly g3 and skipped

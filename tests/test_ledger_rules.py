@@ -15,7 +15,7 @@ from eventlog.errors import (
 )
 from eventlog.events import PromptRef, Receipt, StaleResultRejected, group_stream
 from eventlog.ledger import RecoveryLedger, SiblingResult
-from tests.fixtures.ledger import Harness, harness, make_prompt  # noqa: F401
+from tests.fixtures.ledger import Harness, harness_fixture, make_prompt  # noqa: F401
 
 
 def _sealed(h: Harness, gid: str) -> list[int]:
@@ -500,3 +500,31 @@ def test_discard_clears_the_rows_the_group_owned(harness: Harness) -> None:
     assert cleared == ["g1_g0/call-0", "g1_g0/call-1"]
     assert h.data_plane.list_keys("rollout_staging") == {}
     assert "g1" not in h.ledger.state.groups
+
+
+def test_a_prompt_that_is_not_json_needs_fingerprint_off(harness: Harness) -> None:
+    import torch
+
+    h = harness
+    prompt = {**make_prompt("g1"), "token_ids": torch.arange(3)}
+
+    def reserve(fingerprint: bool) -> None:
+        h.run(
+            lambda cut: h.ledger.reserve(
+                cut,
+                group_id="g1",
+                prompt=prompt,
+                prompt_ref=PromptRef(sample_id="g1", task_name="math"),
+                expected_generations=1,
+                start_weight_version=0,
+                admitted=True,
+                granularity="sibling",
+                fingerprint=fingerprint,
+            )
+        )
+
+    with pytest.raises(LedgerRuleError, match="cannot be fingerprinted") as caught:
+        reserve(True)
+    assert caught.value.hint is not None and "fingerprint=False" in caught.value.hint
+    reserve(False)
+    assert h.ledger.group("g1").prompt_hash is None

@@ -27,7 +27,7 @@ from projections.siblings import (
     RuleViolation,
     SiblingState,
 )
-from tests.fixtures.ledger import STAGING, Harness, harness  # noqa: F401
+from tests.fixtures.ledger import STAGING, Harness, harness_fixture  # noqa: F401
 
 
 def _group(gid: str, keys_by_sibling: list[list[str] | None]) -> GroupState:

@@ -23,13 +23,18 @@ from eventlog.events import (
 from eventlog.ledger import RecoveryLedger
 from projections.history import effective, rolled_back
 from projections.siblings import state_digest
-from tests.fixtures.ledger import Harness, harness  # noqa: F401
+from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _restore(h: Harness, step: int | None = None):  # type: ignore[no-untyped-def]
     return h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=step), kind="recovery_restore")
+
+
+def _finalize(h: Harness, gid: str) -> None:
+    h.run(lambda cut: h.ledger.start_finalization(cut, gid, owner="f"))
+    h.run(lambda cut: h.ledger.finalize(cut, gid, owner="f", min_weight_version=0))
 
 
 def _rebuilt_digest(h: Harness) -> str:
@@ -172,6 +177,9 @@ def test_saved_granularity_wins_over_a_changed_config(harness: Harness) -> None:
     assert group.granularity == "sibling"
     assert [s.generation_index for s in group.sealed] == [0]
     assert group.redispatch_indices == [1, 2]
+    # The changed config is live for new groups only.
+    h.reserve("g2", n=3, granularity=None)
+    assert h.ledger.group("g2").granularity == "prompt_group"
 
 
 def test_partial_group_several_steps_behind_keeps_its_sealed_subset_and_target_step(
@@ -188,8 +196,7 @@ def test_partial_group_several_steps_behind_keeps_its_sealed_subset_and_target_s
         h.reserve(gid, n=1, target_step=step, weight=step, admission_id=f"a{step}")
         h.dispatch(gid)
         h.seal(gid, 0)
-        h.run(lambda cut, g=gid: h.ledger.start_finalization(cut, g, owner="f"))
-        h.run(lambda cut, g=gid: h.ledger.finalize(cut, g, owner="f", min_weight_version=0))
+        _finalize(h, gid)
     h.checkpoint(8)
     h.fresh_process()
     plan = _restore(h)

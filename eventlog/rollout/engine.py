@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -221,7 +221,7 @@ class VllmEngine:
 
     async def generate(
         self, prompt_token_ids: Sequence[int], sampling: Sampling, request_id: str
-    ) -> AsyncIterator[SampleDelta]:
+    ) -> AsyncGenerator[SampleDelta, None]:
         """Stream deltas of every sample until each has its own finish_reason.
 
         Leaving the loop early (break, exception, cancellation) aborts the request in the engine.
