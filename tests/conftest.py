@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.tq", "tests.fixtures.ledger"]
+pytest_plugins = [
+    "tests.fixtures.postgres",
+    "tests.fixtures.tq",
+    "tests.fixtures.ledger",
+    "tests.fixtures.vllm",
+]
 
 
 @pytest.fixture(

