@@ -10,7 +10,10 @@ from eventlog.errors import (
     SchemaError,
     UnknownEventTypeError,
 )
+from eventlog.barrier import Cut, MutationBarrier
+from eventlog.config import RecoveryConfig, load_config, resolve_granularity
 from eventlog.events import Event, event_type
+from eventlog.ledger import RecoveryLedger, SiblingResult
 from eventlog.log import EventLog
 from eventlog.records import (
     ANY,
@@ -21,6 +24,7 @@ from eventlog.records import (
     Record,
     RecordedEvent,
 )
+from eventlog.restore import Dataset, RestorePlan
 
 __all__ = [
     "ANY",
@@ -28,6 +32,8 @@ __all__ = [
     "AppendRequest",
     "AppendResult",
     "ConcurrencyError",
+    "Cut",
+    "Dataset",
     "DuplicateEventError",
     "Event",
     "EventLog",
@@ -35,10 +41,17 @@ __all__ = [
     "IntegrityError",
     "InvalidEventError",
     "LogRevisionError",
+    "MutationBarrier",
     "Proposed",
     "Record",
     "RecordedEvent",
+    "RecoveryConfig",
+    "RecoveryLedger",
+    "RestorePlan",
     "SchemaError",
+    "SiblingResult",
     "UnknownEventTypeError",
     "event_type",
+    "load_config",
+    "resolve_granularity",
 ]

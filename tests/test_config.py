@@ -348,3 +348,11 @@ def test_malformed_prompt_identity_is_an_error_naming_the_field(
     with pytest.raises(InvalidEventError) as raised:
         resolve_granularity(RESOLVING, identity)
     assert str(raised.value) == message
+
+
+def test_config_granularities_are_exactly_the_event_vocabulary() -> None:
+    from typing import get_args
+
+    from eventlog import events
+
+    assert {g.value for g in Granularity} == set(get_args(events.Granularity))
