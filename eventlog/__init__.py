@@ -1,5 +1,7 @@
 """eventlog: the durable, auditable memory of an asynchronous RL post-training run."""
 
+from eventlog.barrier import Cut, MutationBarrier
+from eventlog.config import RecoveryConfig, load_config, resolve_granularity
 from eventlog.errors import (
     ConcurrencyError,
     DuplicateEventError,
@@ -10,8 +12,6 @@ from eventlog.errors import (
     SchemaError,
     UnknownEventTypeError,
 )
-from eventlog.barrier import Cut, MutationBarrier
-from eventlog.config import RecoveryConfig, load_config, resolve_granularity
 from eventlog.events import Event, event_type
 from eventlog.ledger import RecoveryLedger, SiblingResult
 from eventlog.log import EventLog
