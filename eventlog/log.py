@@ -111,8 +111,7 @@ class EventLog:
         return results[0]
 
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        future = self._writer.submit(self._prepare(requests))
-        return self._wait(await asyncio.wrap_future(future))
+        return self._wait(await self._writer.submit_async(self._prepare(requests)))
 
     @staticmethod
     def _wait(outcome: list[AppendResult] | EventLogError) -> list[AppendResult]:

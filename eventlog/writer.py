@@ -3,22 +3,27 @@
 Callers (threads or asyncio tasks) hand a submission to the writer thread and wait on a
 future. The thread takes everything queued, commits it as one transaction, and resolves
 each future with that submission's own result or error: the store validates submissions
-one by one, so a rejected one adds nothing and costs the others nothing.
+one by one, so a rejected one adds nothing and costs the others nothing. asyncio futures
+of one batch are resolved with a single wake-up of their loop, not one per future.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
+from collections import defaultdict
 from concurrent.futures import Future
+from typing import TypeAlias
 
 from eventlog.errors import LogClosedError
 from eventlog.store.base import Outcome, SqlStore, Submission
 
 log = logging.getLogger(__name__)
 
-_Item = tuple[Submission, "Future[Outcome]"]
+_Waiter: TypeAlias = "Future[Outcome] | asyncio.Future[Outcome]"
+_Item = tuple[Submission, _Waiter]
 
 
 class GroupCommitWriter:
@@ -36,12 +41,22 @@ class GroupCommitWriter:
         """Transactions committed so far (the benchmarks report events per commit)."""
 
     def submit(self, submission: Submission) -> Future[Outcome]:
+        """Queue a submission; the returned future resolves after its transaction."""
         future: Future[Outcome] = Future()
+        self._put((submission, future))
+        return future
+
+    def submit_async(self, submission: Submission) -> asyncio.Future[Outcome]:
+        """Queue a submission from a running loop; the future resolves on that loop."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._put((submission, future))
+        return future
+
+    def _put(self, item: _Item) -> None:
         with self._lock:
             if self._closed:
                 raise LogClosedError("the log is closed")
-            self._queue.put((submission, future))
-        return future
+            self._queue.put(item)
 
     def _run(self) -> None:
         while True:
@@ -66,19 +81,27 @@ class GroupCommitWriter:
                 return
 
     def _commit(self, items: list[_Item]) -> None:
+        outcomes: list[Outcome | BaseException]
         try:
-            outcomes = self._store.write([submission for submission, _ in items])
+            outcomes = list(self._store.write([submission for submission, _ in items]))
+            self.batches += 1
         except BaseException as exc:  # the whole transaction failed: everyone learns why
             log.exception("append batch failed")
-            for _, future in items:
-                future.set_exception(exc)
-            return
-        self.batches += 1
-        for (_, future), outcome in zip(items, outcomes, strict=True):
-            if isinstance(outcome, Exception):
-                future.set_exception(outcome)
+            outcomes = [exc] * len(items)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Outcome], object]]]
+        by_loop = defaultdict(list)
+        for (_, waiter), outcome in zip(items, outcomes, strict=True):
+            if isinstance(waiter, asyncio.Future):
+                by_loop[waiter.get_loop()].append((waiter, outcome))
+            elif isinstance(outcome, BaseException):
+                waiter.set_exception(outcome)
             else:
-                future.set_result(outcome)
+                waiter.set_result(outcome)
+        for loop, settled in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, settled)
+            except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+                log.debug("event loop closed before %d appends were settled", len(settled))
 
     def close(self) -> None:
         """Finish what was submitted, then stop the thread."""
@@ -88,3 +111,14 @@ class GroupCommitWriter:
             self._closed = True
             self._queue.put(None)
         self._thread.join()
+
+
+def _settle(settled: list[tuple[asyncio.Future[Outcome], object]]) -> None:
+    """On the caller's loop: resolve every future of one batch (skipping cancelled ones)."""
+    for future, outcome in settled:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)  # type: ignore[arg-type]

@@ -450,3 +450,19 @@ def test_a_second_writer_on_the_same_log_is_seen_by_the_first(log_target: str) -
         assert caught.value.actual == 1
         assert first.append("shared", notes("c"), 1).seqs == [3]
         assert first.verify().ok
+
+
+def test_cancelling_an_awaiting_append_neither_withdraws_it_nor_breaks_the_writer(
+    log: EventLog, log_target: str
+) -> None:
+    async def main() -> int:
+        with write_lock_held(log_target):
+            waiting = asyncio.create_task(log.append_async("c", notes("queued")))
+            await asyncio.sleep(0.3)
+            waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return (await log.append_async("c", notes("after"))).seqs[0]
+
+    assert asyncio.run(main()) == 2  # the queued append was already handed to the writer
+    assert [r.event.text for r in log.read_stream("c")] == ["queued", "after"]  # type: ignore[attr-defined]
