@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import click
-import sqlalchemy as sa
-from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 
 from eventlog.cli._common import (
@@ -16,34 +14,28 @@ from eventlog.cli._common import (
 from eventlog.errors import LogRevisionError
 from eventlog.log import open_store
 from eventlog.store import migrate
-from eventlog.store.base import SqlStore
-
-
-def _known_revisions() -> set[str]:
-    script = ScriptDirectory(str(migrate.migrations_dir()))
-    return {revision.revision for revision in script.walk_revisions()}
-
-
-def _refuse_foreign_or_newer(store: SqlStore, shown: str, current: str | None) -> None:
-    """A database eventlog did not make, or made by a newer eventlog, is not migrated."""
-    if current is None:
-        if "events" in sa.inspect(store.engine).get_table_names():
-            raise LogRevisionError(
-                f"{shown}: has an events table but no alembic revision; it was not made by eventlog"
-            )
-        return
-    if current not in _known_revisions():
-        head = migrate.head_revision(store.engine)
-        raise LogRevisionError(
-            f"{shown}: log is at schema revision {current}, "
-            f"newer than this eventlog knows ({head})",
-            hint="upgrade the eventlog package to open it",
-        )
 
 
 @click.group()
 def db() -> None:
     """The log's schema revision: current, upgrade, downgrade."""
+
+
+def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, str | None]:
+    """Move TARGET's schema to `revision`; returns (before, after)."""
+    shown = shown_target(target)
+    store = open_store(target)
+    try:
+        before = migrate.current_revision(store.engine)
+        migrate.refuse_foreign_or_newer(store.engine, target=shown, current=before)
+        step = migrate.upgrade if direction == "upgrade" else migrate.downgrade
+        try:
+            step(store.engine, revision)
+        except CommandError as exc:
+            raise LogRevisionError(f"{shown}: cannot {direction} to {revision!r}: {exc}") from exc
+        return before, migrate.current_revision(store.engine)
+    finally:
+        store.close()
 
 
 @db.command()
@@ -52,22 +44,11 @@ def db() -> None:
 def upgrade(target: str, revision: str) -> None:
     """Migrate TARGET up to a revision (creates the log if TARGET is new)."""
     require_parent(target)
-    shown = shown_target(target)
-    store = open_store(target)
-    try:
-        before = migrate.current_revision(store.engine)
-        _refuse_foreign_or_newer(store, shown, before)
-        try:
-            migrate.upgrade(store.engine, revision)
-        except CommandError as exc:
-            raise LogRevisionError(f"{shown}: cannot upgrade to {revision!r}: {exc}") from exc
-        after = migrate.current_revision(store.engine)
-    finally:
-        store.close()
+    before, after = _migrate(target, revision, "upgrade")
     if before == after:
-        click.echo(f"{shown}: already at revision {after}")
+        click.echo(f"{shown_target(target)}: already at revision {after}")
     else:
-        click.echo(f"{shown}: upgraded {before or '(empty)'} -> {after}")
+        click.echo(f"{shown_target(target)}: upgraded {before or '(empty)'} -> {after}")
 
 
 @db.command()
@@ -76,19 +57,8 @@ def upgrade(target: str, revision: str) -> None:
 def downgrade(target: str, revision: str) -> None:
     """Migrate TARGET down to REVISION (`base` drops every table: the log is gone)."""
     require_existing(target)
-    shown = shown_target(target)
-    store = open_store(target)
-    try:
-        before = migrate.current_revision(store.engine)
-        _refuse_foreign_or_newer(store, shown, before)
-        try:
-            migrate.downgrade(store.engine, revision)
-        except CommandError as exc:
-            raise LogRevisionError(f"{shown}: cannot downgrade to {revision!r}: {exc}") from exc
-        after = migrate.current_revision(store.engine)
-    finally:
-        store.close()
-    click.echo(f"{shown}: downgraded {before or '(empty)'} -> {after or '(empty)'}")
+    before, after = _migrate(target, revision, "downgrade")
+    click.echo(f"{shown_target(target)}: downgraded {before or '(empty)'} -> {after or '(empty)'}")
 
 
 @db.command()
@@ -103,13 +73,14 @@ def current(ctx: click.Context, target: str, check: bool) -> None:
     try:
         now = migrate.current_revision(store.engine)
         head = migrate.head_revision(store.engine)
+        known = migrate.known_revisions(store.engine)
     finally:
         store.close()
     if now == head:
         state = "up to date"
     elif now is None:
         state = f"no eventlog log here; run `eventlog db upgrade {shown}`"
-    elif now in _known_revisions():
+    elif now in known:
         state = f"needs upgrade; run `eventlog db upgrade {shown}`"
     else:
         state = "newer than this eventlog; upgrade the eventlog package"

@@ -58,32 +58,43 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(config, revision)
 
 
-def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
-    """Create an empty log at head, accept one at head, refuse anything else with the fix."""
-    current = current_revision(engine)
-    head = head_revision(engine)
-    if current == head:
-        return
+def known_revisions(engine: Engine) -> set[str]:
+    """Every revision this program's migrations define."""
+    return {rev.revision for rev in ScriptDirectory.from_config(_config(engine)).walk_revisions()}
+
+
+def refuse_foreign_or_newer(engine: Engine, *, target: str, current: str | None) -> None:
+    """Refuse a database eventlog did not make, or one a newer eventlog migrated."""
     if current is None:
         if "events" in inspect(engine).get_table_names():
             raise LogRevisionError(
                 f"{target}: has an events table but no alembic revision; "
                 "it was not made by eventlog"
             )
+        return
+    if current not in known_revisions(engine):
+        raise LogRevisionError(
+            f"{target}: log is at schema revision {current}, newer than this eventlog knows "
+            f"({head_revision(engine)})",
+            hint="upgrade the eventlog package to open it",
+        )
+
+
+def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
+    """Create an empty log at head, accept one at head, refuse anything else with the fix."""
+    current = current_revision(engine)
+    head = head_revision(engine)
+    if current == head:
+        return
+    refuse_foreign_or_newer(engine, target=target, current=current)
+    if current is None:
         if not create:
             raise LogRevisionError(
                 f"{target}: no eventlog log here", hint=f"run `eventlog db upgrade {target}`"
             )
         upgrade(engine)
         return
-    script = ScriptDirectory.from_config(_config(engine))
-    known = {rev.revision for rev in script.walk_revisions()}
-    if current in known:
-        raise LogRevisionError(
-            f"{target}: log is at schema revision {current}, this eventlog needs {head}",
-            hint=f"run `eventlog db upgrade {target}`",
-        )
     raise LogRevisionError(
-        f"{target}: log is at schema revision {current}, newer than this eventlog knows ({head})",
-        hint="upgrade the eventlog package to open it",
+        f"{target}: log is at schema revision {current}, this eventlog needs {head}",
+        hint=f"run `eventlog db upgrade {target}`",
     )
