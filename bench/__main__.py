@@ -15,14 +15,15 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import append
+from bench import append, replay, rollout
 from bench.common import RESULTS_DIR
 
 Benchmark = Callable[..., Any]
 
 BENCHMARKS: dict[str, Benchmark] = {
     "append": append.run,
-    # "replay": replay.run,  -- same keyword interface: quick, repeats, scale, backends, out_dir
+    "replay": replay.run,
+    "rollout": rollout.run,
 }
 
 

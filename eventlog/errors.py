@@ -140,3 +140,7 @@ class PromptIdentityError(ReconciliationError):
 
 class RolloutError(EventLogError):
     """A rollout worker or its vLLM engine failed to run an attempt."""
+
+
+class DemoError(EventLogError):
+    """`eventlog demo` could not complete its run (a controller failed, or a kill never came)."""

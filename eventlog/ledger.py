@@ -411,6 +411,15 @@ class RecoveryLedger:
             f"{current.attempt} ({current.rollout_id!r})"
         )
 
+    def check_result(self, group_id: str, generation_index: int, rollout_id: str) -> AttemptState:
+        """The current attempt a worker result names; StaleAttemptError when it was superseded.
+
+        For a controller that buffers `prompt_group` results until every sibling is in: a late
+        result is recognised (and can be recorded with `record_rejected_result`) when it
+        arrives, not only when the whole group is sealed. Appends nothing.
+        """
+        return self._attempt(self.group(group_id), generation_index, rollout_id)
+
     def fail_attempt(
         self, cut: Cut, group_id: str, generation_index: int, *, rollout_id: str, error: str
     ) -> AttemptRef:

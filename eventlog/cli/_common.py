@@ -276,14 +276,23 @@ def summary(data: Any) -> str:
 # -- output -----------------------------------------------------------------------------------
 
 
+class _OutputConsole(Console):
+    """rich exits with status 1 when the reader of a pipe goes away (`... | head`); hand the
+    BrokenPipeError to `eventlog`'s handler instead, which ends quietly with exit code 0."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def stdout_console() -> Console:
     """Console for results; follows sys.stdout so a live progress bar can redirect it.
 
     Into a pipe or file nothing is cut to a terminal's width (lines are as long as they are).
     """
-    console = Console(highlight=False, soft_wrap=False)
+    console = _OutputConsole(highlight=False, soft_wrap=False)
     if not console.is_terminal:
-        console = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+        console = _OutputConsole(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
     return console
 
 

@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, str] = {
     "info": "eventlog.cli.info:info",
     "tail": "eventlog.cli.tail:tail",
     "stats": "eventlog.cli.stats:stats",
+    "demo": "eventlog.cli.demo:demo",
+    "inspect": "eventlog.cli.inspect:inspect",
 }
 
 

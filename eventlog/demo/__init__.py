@@ -1,0 +1,1 @@
+"""`eventlog demo`: a small end-to-end run with a controller crash and a restore."""

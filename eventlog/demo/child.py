@@ -1,0 +1,139 @@
+"""One controller process of `eventlog demo`: ``python -m eventlog.demo.child ...``.
+
+The parent starts it, watches the log, SIGKILLs it mid-step and starts it again; this process
+does not know which run it is. An empty log means a fresh run (checkpoint 0 first); a log
+with history means restore from its newest checkpoint and finish the run. It owns its data
+plane: the in-memory twin (rows die with the process; checkpoints are files) or TransferQueue
+on a Ray it starts itself, under a temp root the parent cleans up by PID after a kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from eventlog.config import load_config
+from eventlog.dataplane.memory import InMemoryDataPlane
+from eventlog.dataplane.protocol import DataPlane
+from eventlog.demo.scenario import DemoDataset, demo_faults
+from eventlog.log import EventLog
+from eventlog.rollout.controller import Controller, RunReport
+from eventlog.rollout.faults import FaultPlan
+from eventlog.rollout.settings import LoopSettings
+
+logger = logging.getLogger("eventlog.demo.child")
+
+
+def report_json(report: RunReport, **extra: object) -> dict[str, object]:
+    plan = report.restore
+    return {
+        "started_at_step": report.started_at_step,
+        "restore": None
+        if plan is None
+        else {
+            "checkpoint_step": plan.checkpoint_step,
+            "checkpoint_seq": plan.checkpoint_seq,
+            "rolled_back": list(plan.rolled_back),
+            "counts": plan.counts,
+            "groups": {
+                g.group_id: {
+                    "granularity": g.granularity,
+                    "reused": [s.generation_index for s in g.sealed],
+                    "redispatched": [r.rollout_id for r in g.redispatch],
+                }
+                for g in plan.admitted + [g for a in plan.reserved for g in a.groups]
+            },
+        },
+        "steps": [vars(s) for s in report.steps],
+        "rejected_results": report.rejected_results,
+        "retried_attempts": report.retried_attempts,
+        "discarded_groups": report.discarded_groups,
+        "replaced_workers": report.replaced_workers,
+        **extra,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eventlog.demo.child")
+    parser.add_argument("--target", required=True, help="the log: SQLite path or SQLAlchemy URL")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
+    parser.add_argument("--data-plane", choices=("memory", "transferqueue"), default="memory")
+    parser.add_argument("--ray-root", default=None, help="temp root for Ray (transferqueue)")
+    parser.add_argument("--settings", required=True, help="LoopSettings as JSON")
+    parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--report", type=Path, default=None, help="write a JSON report here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = LoopSettings(**json.loads(args.settings))
+    config = load_config(args.run_dir / "recovery.yaml")
+    faults = FaultPlan() if args.no_faults else demo_faults(settings)
+    started = time.monotonic()
+    runtime = None
+    log = EventLog.open(args.target)
+    try:
+        data_plane: DataPlane
+        if args.data_plane == "transferqueue":
+            from eventlog.dataplane.transferqueue import (
+                TransferQueueDataPlane,
+                start_transferqueue,
+            )
+
+            runtime = start_transferqueue(temp_root=args.ray_root)
+            data_plane = TransferQueueDataPlane()
+        else:
+            data_plane = InMemoryDataPlane()
+        from eventlog.rollout.engine import EngineConfig, VllmEngine
+
+        engine_started = time.monotonic()
+        with VllmEngine.start(EngineConfig(model=args.model, seed=settings.seed)) as engine:
+            engine_s = time.monotonic() - engine_started
+            controller = Controller(
+                log=log,
+                data_plane=data_plane,
+                engine=engine,
+                source=DemoDataset(),
+                config=config,
+                settings=settings,
+                checkpoint_dir=args.run_dir / "checkpoints",
+                faults=faults,
+                owner=f"demo-controller:{os.getpid()}",
+            )
+            run_started = time.monotonic()
+            report = asyncio.run(controller.run())
+            run_s = time.monotonic() - run_started
+        if args.report is not None:
+            args.report.write_text(
+                json.dumps(
+                    report_json(
+                        report,
+                        pid=os.getpid(),
+                        engine_start_s=round(engine_s, 2),
+                        run_s=round(run_s, 2),
+                        total_s=round(time.monotonic() - started, 2),
+                    ),
+                    indent=2,
+                )
+            )
+    finally:
+        log.close()
+        if runtime is not None:
+            from eventlog.dataplane.transferqueue import stop_transferqueue
+
+            stop_transferqueue(runtime)
+    logger.info("controller finished in %.1f s", time.monotonic() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,269 @@
+"""`eventlog inspect group` and the recovery part of `eventlog stats`, on a log written by the
+real RecoveryLedger (SQLite file, in-memory data plane, real barrier) through a checkpoint, a
+crash and a restore.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from eventlog import EventLog
+from eventlog.cli.main import main
+from eventlog.errors import StaleAttemptError
+from eventlog.events import (
+    GenerationFinished,
+    GenerationStarted,
+    Receipt,
+    TokensStaged,
+    attempt_stream,
+)
+from eventlog.records import ANY
+from eventlog.restore import RestorePlan
+from tests.fixtures.ledger import Harness
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def start(h: Harness, rid: str, group_id: str, index: int, attempt: int) -> None:
+    h.log.append(
+        attempt_stream(rid),
+        [
+            GenerationStarted(
+                rollout_id=rid,
+                group_id=group_id,
+                generation_index=index,
+                attempt=attempt,
+                worker="w0",
+                model="tiny",
+                weight_version=0,
+            )
+        ],
+        ANY,
+    )
+
+
+def work(h: Harness, group_id: str, index: int, *, seal: bool = True) -> Receipt:
+    """A worker runs the current attempt (start, two staged rows, finish); the controller seals."""
+    current = h.ledger.group(group_id).siblings[index].current
+    rid = current.rollout_id
+    start(h, rid, group_id, index, current.attempt)
+    receipt = h.stage(rid)  # two rows of 3 tokens
+    h.log.append(
+        attempt_stream(rid),
+        [
+            GenerationFinished(
+                rollout_id=rid,
+                finish_reason="stop",
+                token_count=6,
+                reward=0.5,
+                staging_keys=list(receipt.staging_keys),
+            )
+        ],
+        ANY,
+    )
+    if seal:
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut,
+                group_id,
+                index,
+                rollout_id=rid,
+                receipt=receipt,
+                reward=0.25 * (index + 1),
+                mask_sample=False,
+            )
+        )
+    return receipt
+
+
+@pytest.fixture(name="restored")
+def restored_fixture(harness: Harness) -> tuple[Harness, RestorePlan]:
+    """g1 (math_agent/math, 3 siblings) and g2 (code_agent/code, 2 siblings, finalized);
+    a checkpoint; more work on g1; a crash; a restore to the checkpoint."""
+    h = harness
+    h.reserve("g1", n=3, agent="math_agent", task="math")
+    h.reserve("g2", n=2, agent="code_agent", task="code")
+    h.dispatch("g1")
+    h.dispatch("g2")
+    work(h, "g1", 0)
+    start(h, "g1_g1", "g1", 1, 0)
+    h.run(lambda cut: h.ledger.fail_attempt(cut, "g1", 1, rollout_id="g1_g1", error="oom"))
+    h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    h.dispatch("g1", [1])
+    with pytest.raises(StaleAttemptError) as late:  # g1_g1's result arrives after all
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut, "g1", 1, rollout_id="g1_g1", receipt=None, reward=1.0, mask_sample=False
+            )
+        )
+    h.run(lambda cut: h.ledger.record_rejected_result(cut, late.value))
+    for i in range(2):
+        work(h, "g2", i)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g2", owner="f"))
+    h.run(lambda cut: h.ledger.finalize(cut, "g2", owner="f", min_weight_version=0))
+    h.checkpoint(1)
+    work(h, "g1", 2)  # sealed after the checkpoint: rolled back by the restore
+    work(h, "g1", 1, seal=False)  # g1_g1-a1 finished, not yet sealed at the crash
+
+    h.fresh_process()
+    plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+    return h, plan
+
+
+def stats_json(path: str) -> dict[str, Any]:
+    result = cli("stats", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
+
+
+def by_key(stats: dict[str, Any]) -> dict[tuple[str | None, str | None], dict[str, Any]]:
+    return {(r["agent_name"], r["task_name"]): r for r in stats["recovery"]["by_agent_task"]}
+
+
+def test_stats_reports_recovery_work_per_agent_and_task(
+    restored: tuple[Harness, RestorePlan],
+) -> None:
+    h, plan = restored
+    low, high = plan.rolled_back
+    stats = stats_json(str(h.path))
+    recovery = stats["recovery"]
+    assert (recovery["restores"], recovery["checkpoints"]) == (1, 1)
+    assert recovery["rolled_back_records"] == high - low + 1 == 9
+
+    rows = by_key(stats)
+    assert set(rows) == {("math_agent", "math"), ("code_agent", "code")}
+    g1 = rows[("math_agent", "math")]
+    picked = {k: g1[k] for k in ("groups", "finalized", "attempts", "retries", "failed")}
+    assert picked == {"groups": 1, "finalized": 0, "attempts": 4, "retries": 3, "failed": 1}
+    assert (g1["abandoned"], g1["stale_rejected"]) == (2, 1)
+    # the restore kept g1's sealed sibling 0 and reran siblings 1 and 2, as its plan says
+    assert g1["reused_after_restore"] == plan.counts["siblings_reused"] == 1
+    assert g1["redispatched_after_restore"] == plan.counts["siblings_redispatched"] == 2
+    # sibling 0's rows are owned by its seal; sibling 2's seal was rolled back and g1_g1-a1
+    # was abandoned by the restore: their rows are discarded (and the restore cleared them)
+    assert (g1["rows_staged"], g1["rows_kept"], g1["rows_discarded"], g1["rows_open"]) == (
+        6,
+        2,
+        4,
+        0,
+    )
+    assert (g1["tokens_staged"], g1["tokens_discarded"]) == (18, 12)
+    assert g1["generation_latency"]["count"] == 3  # g1_g0, g1_g2 and g1_g1-a1 finished
+
+    g2 = rows[("code_agent", "code")]
+    assert (g2["groups"], g2["finalized"], g2["attempts"], g2["retries"]) == (1, 1, 2, 0)
+    assert (g2["rows_kept"], g2["rows_discarded"], g2["reused_after_restore"]) == (4, 0, 0)
+    assert recovery["total"]["attempts"] == 6
+
+
+def test_stats_prints_the_recovery_table_for_people(restored: tuple[Harness, RestorePlan]) -> None:
+    h, _ = restored
+    result = cli("stats", str(h.path))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "rollout recovery: 1 restore(s), 1 checkpoint(s), 9 rolled-back record(s)" in lines
+    (math_row,) = [line.split() for line in lines if line.startswith("math_agent")]
+    # agent task groups finalized attempts retries failed abandoned stale reused rerun ...
+    assert math_row[:11] == ["math_agent", "math", "1", "0", "4", "3", "1", "2", "1", "1", "2"]
+
+
+def test_stats_of_a_log_without_recovery_events_has_no_recovery_part(tmp_path: Any) -> None:
+    path = str(tmp_path / "plain.db")
+    with EventLog.open(path) as log:
+        log.append(
+            "attempt/x_g0",
+            [
+                TokensStaged(
+                    rollout_id="x_g0",
+                    partition="p",
+                    staging_key="k",
+                    token_count=1,
+                    weight_version=0,
+                )
+            ],
+        )
+    stats = stats_json(path)
+    assert stats["records"] == 1 and "recovery" not in stats
+    assert "rollout recovery" not in cli("stats", path).stdout
+
+
+def test_inspect_group_shows_its_streams_in_seq_order_with_rolled_back_records_marked(
+    restored: tuple[Harness, RestorePlan],
+) -> None:
+    h, plan = restored
+    low, high = plan.rolled_back
+    result = cli("inspect", "group", str(h.path), "g1", "--json")
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+
+    timeline = shown["timeline"]
+    seqs = [r["seq"] for r in timeline]
+    assert seqs == sorted(set(seqs))
+    expected = sorted(
+        r.seq for r in h.log.read() if r.stream == "group/g1" or r.stream.startswith("attempt/g1_")
+    )
+    assert seqs == expected  # every record of g1 and its attempts, nothing of g2
+    rolled = [r["seq"] for r in timeline if r["rolled_back"]]
+    assert rolled == [s for s in seqs if low <= s <= high] and len(rolled) == 9
+    sealed_after_checkpoint = [
+        r for r in timeline if r["type"] == "SiblingSealed" and r["data"]["generation_index"] == 2
+    ]
+    assert [r["rolled_back"] for r in sealed_after_checkpoint] == [True]
+
+    group = shown["group"]
+    assert (group["agent_name"], group["task_name"], group["fate"]) == (
+        "math_agent",
+        "math",
+        "in the ledger",
+    )
+    assert group["rolled_back_records"] == 9
+    attempts = {a["rollout_id"]: (a["verdict"], a["worker"]) for a in group["attempts"]}
+    assert attempts == {
+        "g1_g0": ("sealed", "finished"),
+        "g1_g1": ("failed", "running"),
+        "g1_g1-a1": ("abandoned", "finished"),
+        "g1_g1-a2": ("reserved", "not started"),
+        "g1_g2": ("abandoned", "finished"),
+        "g1_g2-a1": ("reserved", "not started"),
+    }
+    stale = {a["rollout_id"]: a["stale_rejections"] for a in group["attempts"]}
+    assert stale["g1_g1"] == 1
+
+
+def test_inspect_group_prints_a_header_attempts_and_a_marked_timeline(
+    restored: tuple[Harness, RestorePlan],
+) -> None:
+    h, _ = restored
+    result = cli("inspect", "group", str(h.path), "g2")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert out.splitlines()[0] == (
+        "group g2 · agent code_agent · task code · granularity sibling · 2 siblings · finalized"
+    )
+    assert "rolled back" not in out  # g2 finalized before the checkpoint
+
+    marked = cli("inspect", "group", str(h.path), "g1").stdout.splitlines()
+    assert marked[1].endswith(" records, 9 rolled back by a restore")
+    timeline = marked[marked.index("timeline") + 2 :]
+    seqs = [int(line.split()[0]) for line in timeline]
+    assert seqs == sorted(seqs) and len(seqs) == int(marked[1].split()[0])
+    rolled = [line for line in timeline if line.split()[3:5] == ["rolled", "back"]]
+    assert len(rolled) == 9
+    assert any("SiblingSealed" in line and "generation_index=2" in line for line in rolled)
+
+
+def test_inspect_of_an_unknown_group_is_a_usage_error_naming_it(
+    restored: tuple[Harness, RestorePlan],
+) -> None:
+    h, _ = restored
+    result = cli("inspect", "group", str(h.path), "nope")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: group 'nope': the log has no stream 'group/nope'\n")
+    assert "hint:" in result.stderr
