@@ -328,15 +328,20 @@ class RecoveryLedger:
         return self.group(group_id)
 
     def _refuse_used_group_id(self, group_id: str) -> None:
-        """A group id names one group forever; only a rolled-back reservation frees it."""
+        """A group id names one group forever, even when its reservation was rolled back.
+
+        Its attempt streams (`attempt/<group_id>_g<i>`) outlive a restore, so a second group
+        under the same id would mint rollout ids that already name other physical runs.
+        """
         if self._expected(group_stream(group_id)) is NO_STREAM:
             return
         for rec in self.log.read_stream(group_stream(group_id)):
-            if rec.seq not in self._skipped:
-                raise LedgerRuleError(
-                    f"group {group_id!r}: the id was already used (stream {rec.stream!r} has "
-                    f"{rec.type} at seq {rec.seq}); a group id is used once"
-                )
+            rolled_back = " (rolled back by a restore)" if rec.seq in self._skipped else ""
+            raise LedgerRuleError(
+                f"group {group_id!r}: the id was already used (stream {rec.stream!r} has "
+                f"{rec.type} at seq {rec.seq}{rolled_back}); a group id is used once",
+                hint="reserve the prompt again under a new group id",
+            )
 
     def admit(
         self, cut: Cut, admission_id: str, *, target_step: int | None, start_weight_version: int

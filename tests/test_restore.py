@@ -236,8 +236,13 @@ def test_records_after_the_checkpoint_are_rolled_back_not_deleted(harness: Harne
     assert "late" not in h.ledger.state.groups
     assert h.ledger.group("g1").indices("sealed") == [0]
     assert _rebuilt_digest(h) == h.ledger.digest() != at_checkpoint  # sibling 1 was retried
-    # A group id used only in rolled-back records may be reserved again.
-    h.reserve("late", n=1)
+    # A group id is used once, even when only rolled-back records used it: its attempt
+    # streams outlive the restore, and a second "late" would reuse their rollout ids.
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match=r"'late'.*rolled back by a restore.*used once"):
+        h.reserve("late", n=1)
+    assert h.log.head() == head
+    h.reserve("late-r1", n=1, sample_id="late")
 
 
 def test_restore_never_finalizes_a_group_twice_in_effective_history(harness: Harness) -> None:
