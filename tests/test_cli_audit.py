@@ -204,6 +204,16 @@ def test_inspect_group_shows_its_streams_in_seq_order_with_rolled_back_records_m
     shown = json.loads(result.stdout)
 
     timeline = shown["timeline"]
+    assert set(timeline[0]) == {
+        "seq",
+        "stream",
+        "version",
+        "event_id",
+        "type",
+        "recorded_at",
+        "data",
+        "rolled_back",
+    }
     seqs = [r["seq"] for r in timeline]
     assert seqs == sorted(set(seqs))
     expected = sorted(

@@ -18,17 +18,19 @@ from rich.text import Text
 from eventlog import codec
 from eventlog.cli._common import (
     CliUsageError,
-    format_ns,
     json_line,
+    json_object,
     open_log,
     short_time,
     shown_target,
     stdout_console,
     summary,
+    view_decoded,
 )
 from eventlog.cli.replay import group_streams
 from eventlog.events import CONTROLLER_STREAM, group_stream
 from eventlog.log import EventLog
+from eventlog.records import RecordedEvent
 from projections.audit import GroupSummary, TimelineEntry, group_timeline, summarize_group
 from projections.history import RolledBack, rolled_back
 
@@ -38,8 +40,11 @@ def inspect() -> None:
     """Look closely at one thing in a log."""
 
 
-def load_group(log: EventLog, group_id: str) -> list[TimelineEntry]:
-    """The group's records and its attempts' records, by seq, rolled-back ones marked."""
+def load_group(
+    log: EventLog, group_id: str
+) -> tuple[list[TimelineEntry], dict[int, RecordedEvent]]:
+    """The group's records and its attempts' records, by seq, rolled-back ones marked (and
+    the records themselves by seq, for their envelopes)."""
     if log.stream_version(group_stream(group_id)) is None:
         raise CliUsageError(
             f"group {group_id!r}: the log has no stream {group_stream(group_id)!r}",
@@ -47,8 +52,10 @@ def load_group(log: EventLog, group_id: str) -> list[TimelineEntry]:
             "GroupReserved --json` lists their ids",
         )
     skipped: RolledBack = rolled_back(log.read_stream(CONTROLLER_STREAM))
-    records = [rec for stream in group_streams(log, group_id) for rec in log.read_stream(stream)]
-    return group_timeline(records, skipped)
+    records = {
+        rec.seq: rec for stream in group_streams(log, group_id) for rec in log.read_stream(stream)
+    }
+    return group_timeline(records.values(), skipped), records
 
 
 def _fields(entry: TimelineEntry, group_id: str) -> dict[str, Any]:
@@ -87,7 +94,7 @@ def group(target: str, group_id: str, as_json: bool) -> None:
     and "timeline" (records as `replay --json` prints them, plus "rolled_back").
     """
     with open_log(target) as log:
-        timeline = load_group(log, group_id)
+        timeline, records = load_group(log, group_id)
     info = summarize_group(group_id, timeline)
     if as_json:
         click.echo(
@@ -96,14 +103,7 @@ def group(target: str, group_id: str, as_json: bool) -> None:
                     "target": shown_target(target),
                     "group": msgspec.to_builtins(info),
                     "timeline": [
-                        {
-                            "seq": e.seq,
-                            "stream": e.stream,
-                            "type": type(e.event).__name__,
-                            "recorded_at": format_ns(e.recorded_at),
-                            "rolled_back": e.rolled_back,
-                            "data": codec.to_builtins(e.event),
-                        }
+                        {**json_object(view_decoded(records[e.seq])), "rolled_back": e.rolled_back}
                         for e in timeline
                     ],
                 }
