@@ -29,11 +29,12 @@ from eventlog.events import (
     RestoreCompleted,
     RestoreStarted,
     StagingCleared,
+    attempt_stream,
     group_stream,
 )
 from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
 from projections.history import RolledBack, effective_checkpoints, rolled_back
-from projections.reconcile import Reconciliation, reconcile, staged_by
+from projections.reconcile import Reconciliation, reconcile, referenced_keys, staged_by
 from projections.recovery import attempts_used, restart_events
 from projections.siblings import (
     GroupState,
@@ -46,6 +47,7 @@ from projections.siblings import (
 
 if TYPE_CHECKING:
     from eventlog.ledger import RecoveryLedger
+    from eventlog.log import EventLog
 
 logger = logging.getLogger(__name__)
 
@@ -282,12 +284,11 @@ def run_restore(
     try:
         for _, events in group_events:
             fold_all(state, events)
+        present = ledger.data_plane.list_keys(ledger.staging_partition)
         staging = reconcile(
             state,
-            ledger.data_plane.list_keys(ledger.staging_partition),
-            staged_by(
-                (r.event for r in log.read(types=["TokensStaged"])), ledger.staging_partition
-            ),
+            present,
+            _staged(log, ledger.staging_partition, present, referenced_keys(state)),
             ledger.staging_partition,
         )
     except RuleViolation as exc:
@@ -371,3 +372,27 @@ def run_restore(
         plan.counts,
     )
     return plan, state, versions, skipped, prompts
+
+
+def _staged(
+    log: EventLog,
+    partition: str,
+    present: Mapping[str, Mapping[str, str]],
+    owned: Mapping[str, object],
+) -> dict[str, str]:
+    """Which attempt staged each unreferenced row (only those need telling apart).
+
+    Workers tag every row with its `rollout_id`, so the attempt streams those tags name are
+    read through the (stream, version) index; a row without the tag falls back to scanning
+    every TokensStaged record, which grows with the length of the whole run.
+    """
+    rollout_ids = {present[key].get("rollout_id") for key in present if key not in owned}
+    if None in rollout_ids:
+        records = log.read(types=["TokensStaged"])
+    else:
+        records = (
+            record
+            for rollout_id in sorted(r for r in rollout_ids if r is not None)
+            for record in log.read_stream(attempt_stream(rollout_id))
+        )
+    return staged_by((r.event for r in records), partition)

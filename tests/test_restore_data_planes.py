@@ -86,7 +86,16 @@ def test_restore_on_each_data_plane_keeps_sealed_rows_and_clears_orphans(
         ANY,
     )
     killed = h.stage("g1_g1", calls=1)  # staged, then the worker died
-    h.data_plane.put_rows(STAGING, {"stray/0": {"token_ids": torch.zeros(2)}})
+    # Workers tag rows with their rollout id: restore reads only the attempt streams the
+    # unreferenced rows name (a stray row's tag names a stream with no TokensStaged).
+    h.data_plane.put_rows(
+        STAGING,
+        {killed.staging_keys[0]: {"token_ids": torch.arange(3)}},
+        tags={killed.staging_keys[0]: {"rollout_id": "g1_g1"}},
+    )
+    h.data_plane.put_rows(
+        STAGING, {"stray/0": {"token_ids": torch.zeros(2)}}, tags={"stray/0": {"rollout_id": "x"}}
+    )
     h.checkpoint(1)
     _restart(h, h.data_plane)
 
