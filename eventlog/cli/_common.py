@@ -196,6 +196,15 @@ def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
         if not allow_unknown:
             raise
         data, unknown = raw_data(record.payload), True
+    return _view(record, data, unknown)
+
+
+def view_decoded(record: RecordedEvent) -> RecordView:
+    """A record the log already decoded (from `read` or `subscribe`)."""
+    return _view(record, codec.to_builtins(record.event), False)
+
+
+def _view(record: Record | RecordedEvent, data: Any, unknown: bool) -> RecordView:
     return RecordView(
         seq=record.seq,
         stream=record.stream,
@@ -206,20 +215,6 @@ def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
         recorded_at=record.recorded_at,
         data=data,
         unknown=unknown,
-    )
-
-
-def view_decoded(record: RecordedEvent) -> RecordView:
-    """A record the log already decoded (from `read` or `subscribe`)."""
-    return RecordView(
-        seq=record.seq,
-        stream=record.stream,
-        version=record.version,
-        event_id=record.event_id,
-        type=record.type,
-        schema=record.schema,
-        recorded_at=record.recorded_at,
-        data=codec.to_builtins(record.event),
     )
 
 
