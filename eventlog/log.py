@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -71,6 +72,7 @@ class EventLog:
         self._store = store
         self._writer = GroupCommitWriter(store)
         self._closed = False
+        self._prepare_cpu_seconds = 0.0
 
     @classmethod
     def open(
@@ -120,6 +122,13 @@ class EventLog:
         return outcome
 
     def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:
+        started = time.thread_time()
+        try:
+            return self._encode(requests)
+        finally:
+            self._prepare_cpu_seconds += time.thread_time() - started
+
+    def _encode(self, requests: Sequence[AppendRequest]) -> Submission:
         if self._closed:
             raise LogClosedError("the log is closed")
         prepared: Submission = []
@@ -258,6 +267,11 @@ class EventLog:
     def commits(self) -> int:
         """Transactions this process has committed (events per commit shows group commit)."""
         return self._writer.batches
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time this process spent appending: encoding in callers plus the writer thread."""
+        return self._prepare_cpu_seconds + self._writer.cpu_seconds
 
     @property
     def backend(self) -> str:
