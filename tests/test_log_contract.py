@@ -52,13 +52,13 @@ def write_lock_held(target: str) -> Iterator[None]:
     """Hold the log's write lock from outside, the way another writer process would."""
     url = resolve_url(target)
     if url.get_backend_name() == "sqlite":
-        conn = sqlite3.connect(url.database or "", isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
+        locker = sqlite3.connect(url.database or "", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
         try:
             yield
         finally:
-            conn.execute("ROLLBACK")
-            conn.close()
+            locker.execute("ROLLBACK")
+            locker.close()
     else:
         engine = raw_engine(target)
         with engine.connect() as conn:

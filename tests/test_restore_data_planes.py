@@ -110,7 +110,8 @@ def test_restore_on_each_data_plane_keeps_sealed_rows_and_clears_orphans(
     assert [k.key for k in cleared.of_attempts] == killed.staging_keys
     assert cleared.never_staged == ["stray/0"]
     rows = h.data_plane.read_rows(STAGING, ["g1_g0/call-0"])
-    assert torch.equal(rows["g1_g0/call-0"]["token_ids"], torch.arange(3))
+    token_ids = rows["g1_g0/call-0"]["token_ids"]
+    assert isinstance(token_ids, torch.Tensor) and torch.equal(token_ids, torch.arange(3))
 
 
 def test_restore_on_each_data_plane_fails_closed_on_a_missing_referenced_row(
