@@ -34,6 +34,7 @@ from eventlog.events import (
     AttemptFailed,
     AttemptRef,
     CheckpointCommitted,
+    ClearedKey,
     Event,
     FinalizationStarted,
     FinalizationUnknown,
@@ -47,7 +48,9 @@ from eventlog.events import (
     SealResult,
     SiblingsDispatched,
     SiblingSealed,
+    StagingCleared,
     StaleResultRejected,
+    attempt_stream,
     group_stream,
     logical_id,
 )
@@ -56,6 +59,7 @@ from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVer
 from eventlog.replay_ownership import ReplayOwnership
 from eventlog.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
 from projections.history import RolledBack, rolled_back
+from projections.reconcile import referenced_keys, staged_by
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import (
     AttemptState,
@@ -602,6 +606,49 @@ class RecoveryLedger:
         if keys:
             self.data_plane.delete_rows(self.staging_partition, keys)
         return keys
+
+    def clear_superseded_rows(
+        self, cut: Cut, *, reason: str = "rows of failed or abandoned attempts"
+    ) -> list[ClearedKey]:
+        """Delete the staging rows of attempts that failed or were abandoned, during a run.
+
+        Without it such rows wait for the next restore to reconcile them, and a long run
+        without restarts keeps them all. Only failed and abandoned attempts qualify: a
+        dispatched attempt may still be staging. Appended first, deleted after: a crash in
+        between leaves unreferenced rows that the next restore clears.
+        """
+        cut.require_live()
+        state = self._require_state()
+        finished = sorted(
+            attempt.rollout_id
+            for group in state.groups.values()
+            for sibling in group.siblings
+            for attempt in sibling.attempts
+            if attempt.status in ("failed", "abandoned")
+        )
+        if not finished:
+            return []
+        staged = staged_by(
+            (r.event for rid in finished for r in self.log.read_stream(attempt_stream(rid))),
+            self.staging_partition,
+        )
+        present = self.data_plane.list_keys(self.staging_partition)
+        owned = referenced_keys(state)
+        cleared = [
+            ClearedKey(key=key, rollout_id=rollout_id)
+            for key, rollout_id in sorted(staged.items())
+            if key in present and key not in owned
+        ]
+        if cleared:
+            event = StagingCleared(
+                partition=self.staging_partition,
+                of_attempts=cleared,
+                never_staged=[],
+                reason=reason,
+            )
+            self._commit(cut, [(CONTROLLER_STREAM, [event])])
+            self.data_plane.delete_rows(self.staging_partition, [c.key for c in cleared])
+        return cleared
 
     # -- checkpoint and restore ------------------------------------------------------------
 

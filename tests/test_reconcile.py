@@ -175,3 +175,25 @@ def test_restore_fails_closed_when_a_referenced_row_is_missing(harness: Harness)
     ):
         h.run(lambda cut: h.ledger.restore(cut, h.dataset))
     assert h.log.head() == head
+
+
+def test_rows_of_failed_and_abandoned_attempts_are_cleared_during_a_run(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=3)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    failed = h.stage(h.rollout_id("g1", 1), calls=2)  # staged two calls, then failed
+    h.run(lambda cut: h.ledger.fail_attempt(cut, "g1", 1, rollout_id="g1_g1", error="boom"))
+    running = h.stage(h.rollout_id("g1", 2), calls=1)  # still dispatched: may stage more
+    cleared = h.run(lambda cut: h.ledger.clear_superseded_rows(cut))
+    assert cleared == [ClearedKey(key=k, rollout_id="g1_g1") for k in failed.staging_keys]
+    assert sorted(h.data_plane.list_keys(STAGING)) == sorted(
+        ["g1_g0/call-0", "g1_g0/call-1", *running.staging_keys]
+    )
+    (event,) = [
+        r.event for r in h.log.read_stream(CONTROLLER_STREAM) if isinstance(r.event, StagingCleared)
+    ]
+    assert event.of_attempts == cleared and event.never_staged == []
+    head = h.log.head()
+    assert h.run(lambda cut: h.ledger.clear_superseded_rows(cut)) == []  # nothing left to clear
+    assert h.log.head() == head

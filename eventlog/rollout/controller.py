@@ -513,6 +513,8 @@ class Controller:
         # Named by log position too: a rolled-back checkpoint of the same step keeps its files.
         directory = self.checkpoint_dir / f"step-{step:04d}-seq{self.log.head()}"
         async with self.barrier.checkpoint() as cut:
+            # Rows of failed and abandoned attempts go now, not in the checkpoint.
+            self.ledger.clear_superseded_rows(cut)
             self.ledger.checkpoint(cut, step=step, directory=str(directory))
 
     async def _cancel_all(self) -> None:
