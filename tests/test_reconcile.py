@@ -11,14 +11,11 @@ from eventlog.errors import ReconciliationError
 from eventlog.events import (
     CONTROLLER_STREAM,
     ClearedKey,
-    GenerationStarted,
     PromptRef,
     Receipt,
     StagingCleared,
     TokensStaged,
-    attempt_stream,
 )
-from eventlog.records import ANY
 from projections.reconcile import reconcile, referenced_keys, staged_by
 from projections.siblings import (
     AttemptState,
@@ -110,21 +107,7 @@ def test_restore_clears_orphaned_rows_and_records_each_cause(harness: Harness) -
     h.dispatch("g1")
     h.seal("g1", 0)
     # A worker killed mid-attempt: started, staged one row, never finished.
-    h.log.append(
-        attempt_stream("g1_g1"),
-        [
-            GenerationStarted(
-                rollout_id="g1_g1",
-                group_id="g1",
-                generation_index=1,
-                attempt=0,
-                worker="w1",
-                model="m",
-                weight_version=0,
-            )
-        ],
-        ANY,
-    )
+    h.start_generation("g1", 1)
     killed = h.stage("g1_g1", calls=1)
     # A row that no event ever staged (written outside the protocol).
     h.data_plane.put_rows(STAGING, {"stray/0": {"token_ids": torch.zeros(1)}})

@@ -16,9 +16,8 @@ from eventlog import EventLog
 from eventlog.barrier import MutationBarrier
 from eventlog.dataplane.protocol import DataPlaneCheckpoint
 from eventlog.errors import ReconciliationError
-from eventlog.events import CONTROLLER_STREAM, GenerationStarted, StagingCleared, attempt_stream
+from eventlog.events import CONTROLLER_STREAM, StagingCleared
 from eventlog.ledger import RecoveryLedger
-from eventlog.records import ANY
 from tests.fixtures.ledger import STAGING, Harness
 from tests.fixtures.tq import ClearableDataPlane
 
@@ -70,21 +69,7 @@ def test_restore_on_each_data_plane_keeps_sealed_rows_and_clears_orphans(
     h.reserve("g1", n=3)
     h.dispatch("g1")
     h.seal("g1", 0)
-    h.log.append(
-        attempt_stream("g1_g1"),
-        [
-            GenerationStarted(
-                rollout_id="g1_g1",
-                group_id="g1",
-                generation_index=1,
-                attempt=0,
-                worker="w1",
-                model="m",
-                weight_version=0,
-            )
-        ],
-        ANY,
-    )
+    h.start_generation("g1", 1)
     killed = h.stage("g1_g1", calls=1)  # staged, then the worker died
     # Workers tag rows with their rollout id: restore reads only the attempt streams the
     # unreferenced rows name (a stray row's tag names a stream with no TokensStaged).
