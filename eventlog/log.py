@@ -100,7 +100,7 @@ class EventLog:
 
     def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append to several streams in one atomic step: every request lands, or none."""
-        return self._wait(self._writer.submit(self._prepare(requests)).result())
+        return self._wait(self._writer.write(self._prepare(requests)))
 
     async def append_async(
         self,

@@ -1,10 +1,12 @@
 """Group commit: concurrent appenders share one transaction and one fsync.
 
-Callers (threads or asyncio tasks) hand a submission to the writer thread and wait on a
-future. The thread takes everything queued, commits it as one transaction, and resolves
-each future with that submission's own result or error: the store validates submissions
-one by one, so a rejected one adds nothing and costs the others nothing. asyncio futures
-of one batch are resolved with a single wake-up of their loop, not one per future.
+Callers (threads or asyncio tasks) queue a submission with a future. Whoever holds the
+leader lock takes everything queued, commits it as one transaction, and resolves each
+future with that submission's own result or error: the store validates submissions one by
+one, so a rejected one adds nothing and costs the others nothing. A synchronous caller that
+finds no commit in progress leads itself (no hand-off to another thread); otherwise, and
+always for asyncio callers, the writer thread leads. asyncio futures of one batch are
+resolved with a single wake-up of their loop, not one per future.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class GroupCommitWriter:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._closed = False
         self._lock = threading.Lock()
+        self._leader = threading.Lock()
+        """Held while a batch is being written: one transaction at a time per log."""
         self._thread = threading.Thread(target=self._run, name="eventlog-writer", daemon=True)
         self._thread.start()
         self.batches = 0
@@ -48,6 +52,18 @@ class GroupCommitWriter:
         future: Future[Outcome] = Future()
         self._put((submission, future))
         return future
+
+    def write(self, submission: Submission) -> Outcome:
+        """Queue a submission and wait for it, leading the commit when nobody else is."""
+        future = self.submit(submission)
+        if self._leader.acquire(blocking=False):
+            try:
+                items, _ = self._drain([])
+                if items:
+                    self._commit(items)
+            finally:
+                self._leader.release()
+        return future.result()
 
     def submit_async(self, submission: Submission) -> asyncio.Future[Outcome]:
         """Queue a submission from a running loop; the future resolves on that loop."""
@@ -66,22 +82,29 @@ class GroupCommitWriter:
             first = self._queue.get()
             if first is None:
                 return
-            items = [first]
-            size = sum(len(r.events) for r in first[0])
-            stop = False
-            while size < self._max_batch_events:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                items.append(item)
-                size += sum(len(r.events) for r in item[0])
-            self._commit(items)
+            with self._leader:
+                items, stop = self._drain([first])
+                self._commit(items)
             if stop:
                 return
+
+    def _drain(self, items: list[_Item]) -> tuple[list[_Item], bool]:
+        """Take what is queued, up to the batch bound; True when the stop marker was seen."""
+        size = sum(len(r.events) for submission, _ in items for r in submission)
+        while size < self._max_batch_events:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                # Only the writer thread stops: a caller leading this batch hands it back.
+                if threading.current_thread() is not self._thread:
+                    self._queue.put(None)
+                    break
+                return items, True
+            items.append(item)
+            size += sum(len(r.events) for r in item[0])
+        return items, False
 
     def _commit(self, items: list[_Item]) -> None:
         outcomes: list[Outcome | BaseException]

@@ -37,6 +37,13 @@ _KNOWN_STREAMS = 100_000  # versions remembered between batches (cleared when ex
 
 # Built once: constructing a Core statement costs ~100 µs of Python per batch otherwise.
 _TAIL = sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
+# The writer's statements, as plain SQL both dialects accept (markers filled per driver).
+_TAIL_SQL = "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
+_VERSIONS_SQL = "SELECT stream, max(version) FROM events WHERE stream IN ({}) GROUP BY stream"
+_BY_ID_SQL = (
+    "SELECT seq, stream, version, event_id, type, schema, recorded_at, payload, chain"
+    " FROM events WHERE event_id IN ({})"
+)
 _VERSIONS = (
     sa.select(events.c.stream, sa.func.max(events.c.version))
     .where(events.c.stream.in_(sa.bindparam("streams", expanding=True)))
@@ -82,10 +89,13 @@ class Dialect(Protocol):
 
     def read_engine(self) -> Engine: ...
 
-    def lock_for_write(self, conn: Connection) -> None:
-        """Take the log's write lock inside the open transaction."""
+    placeholder: str
+    """The driver's positional parameter marker (`?` or `%s`)."""
 
-    def after_write(self, conn: Connection, last_seq: int) -> None:
+    def begin_write(self, cursor: Any) -> None:
+        """Open the writer's transaction and take the log's write lock (DB-API cursor)."""
+
+    def after_write(self, cursor: Any, last_seq: int) -> None:
         """Inside the transaction, after the rows are written (PostgreSQL: NOTIFY)."""
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
@@ -165,15 +175,25 @@ class SqlStore:
             raise
 
     def _write_in(self, conn: Connection, submissions: Sequence[Submission]) -> list[Outcome]:
-        with conn.begin():
-            self.dialect.lock_for_write(conn)
-            batch = self._open_batch(conn, submissions)
-            outcomes: list[Outcome] = []
-            for submission in submissions:
-                outcomes.append(self._plan(batch, submission))
+        # The writer's transaction runs on the driver's own connection: it is the hot path of
+        # every append, and Core's per-statement machinery cost more than the SQL itself.
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cursor = dbapi.cursor()
+        try:
+            self.dialect.begin_write(cursor)
+            batch = self._open_batch(cursor, submissions)
+            outcomes = [self._plan(batch, submission) for submission in submissions]
             if batch.rows:
-                conn.exec_driver_sql(self.dialect.insert_sql, batch.rows)
-                self.dialect.after_write(conn, batch.head)
+                cursor.executemany(self.dialect.insert_sql, batch.rows)
+                self.dialect.after_write(cursor, batch.head)
+            dbapi.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                dbapi.rollback()
+            raise
+        finally:
+            cursor.close()
         # Committed: the versions we planned with are the log's versions as of batch.head.
         if len(self._known_versions) > _KNOWN_STREAMS:
             self._known_versions = {}
@@ -181,9 +201,10 @@ class SqlStore:
         self._known_head = batch.head
         return outcomes
 
-    def _open_batch(self, conn: Connection, submissions: Sequence[Submission]) -> _Batch:
-        last = conn.execute(_TAIL).first()
-        head, last_chain = (last[0], last[1]) if last else (0, chain.GENESIS)
+    def _open_batch(self, cursor: Any, submissions: Sequence[Submission]) -> _Batch:
+        cursor.execute(_TAIL_SQL)
+        last = cursor.fetchone()
+        head, last_chain = (last[0], bytes(last[1])) if last else (0, chain.GENESIS)
         streams = {request.stream for submission in submissions for request in submission}
         if head != self._known_head:  # another writer appended (or a commit failed): forget
             self._known_head, self._known_versions = -1, {}
@@ -191,7 +212,10 @@ class SqlStore:
         versions = {stream: known[stream] for stream in streams if stream in known}
         missing = [stream for stream in streams if stream not in known]
         if missing:
-            versions.update(self._versions(conn, missing))
+            versions.update(dict.fromkeys(missing))
+            for chunk in _chunks(sorted(missing)):
+                cursor.execute(_VERSIONS_SQL.format(self._markers(chunk)), chunk)
+                versions.update(cursor.fetchall())
         supplied = [
             event.event_id
             for submission in submissions
@@ -199,12 +223,16 @@ class SqlStore:
             for event in request.events
             if event.id_supplied
         ]
-        return _Batch(
-            head=head,
-            last_chain=last_chain,
-            versions=versions,
-            stored=self._records_by_id(conn, supplied) if supplied else {},
-        )
+        stored: dict[bytes, Record] = {}
+        for chunk in _chunks(supplied):
+            cursor.execute(_BY_ID_SQL.format(self._markers(chunk)), chunk)
+            for row in cursor.fetchall():
+                record = _record(row)
+                stored[record.event_id.bytes] = record
+        return _Batch(head=head, last_chain=last_chain, versions=versions, stored=stored)
+
+    def _markers(self, values: Sequence[object]) -> str:
+        return ", ".join([self.dialect.placeholder] * len(values))
 
     def _plan(self, batch: _Batch, submission: Submission) -> Outcome:
         """Validate one submission against the batch so far; on success, add its rows."""
@@ -324,16 +352,6 @@ class SqlStore:
                 versions[stream] = version
         return versions
 
-    def _records_by_id(self, conn: Connection, ids: Sequence[bytes]) -> dict[bytes, Record]:
-        found: dict[bytes, Record] = {}
-        for start in range(0, len(ids), _ID_CHUNK):
-            chunk = list(ids[start : start + _ID_CHUNK])
-            query = sa.select(*RECORD_COLUMNS).where(events.c.event_id.in_(chunk))
-            for row in conn.execute(query):
-                record = _record(row)
-                found[record.event_id.bytes] = record
-        return found
-
     # -- reading ---------------------------------------------------------------------------
 
     def head(self) -> int:
@@ -445,6 +463,11 @@ class SqlStore:
             self._writer_conn.close()
             self._writer_conn = None
         self.dialect.dispose()
+
+
+def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(values), _ID_CHUNK):
+        yield list(values[start : start + _ID_CHUNK])
 
 
 def _check_expected(stream: str, expected: ExpectedVersion, current: int | None) -> None:

@@ -11,7 +11,7 @@ import threading
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Engine, event
 
 Durability = Literal["full", "normal"]
 
@@ -29,6 +29,7 @@ class PostgresDialect:
 
     name = "postgresql"
     insert_sql = _INSERT
+    placeholder = "%s"
 
     def __init__(self, url: sa.URL, durability: Durability) -> None:
         self.url = url
@@ -55,11 +56,12 @@ class PostgresDialect:
         self._engines.append(engine)
         return engine
 
-    def lock_for_write(self, conn: Connection) -> None:
-        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
+    def begin_write(self, cursor: Any) -> None:
+        """The first statement opens the transaction; the lock is released by its end."""
+        cursor.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
 
-    def after_write(self, conn: Connection, last_seq: int) -> None:
-        conn.exec_driver_sql(f"SELECT pg_notify('{CHANNEL}', '{int(last_seq)}')")
+    def after_write(self, cursor: Any, last_seq: int) -> None:
+        cursor.execute(f"SELECT pg_notify('{CHANNEL}', '{int(last_seq)}')")
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         import psycopg

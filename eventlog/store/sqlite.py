@@ -23,6 +23,7 @@ class SqliteDialect:
 
     name = "sqlite"
     insert_sql = _INSERT
+    placeholder = "?"
 
     def __init__(self, url: sa.URL, durability: Durability, busy_timeout_ms: int = 60_000) -> None:
         self.url = url
@@ -62,10 +63,11 @@ class SqliteDialect:
 
         self._engines.append(engine)
 
-    def lock_for_write(self, conn: Connection) -> None:
-        """BEGIN IMMEDIATE already holds the lock."""
+    def begin_write(self, cursor: Any) -> None:
+        """IMMEDIATE takes the file's write lock at BEGIN, whatever other processes do."""
+        cursor.execute("BEGIN IMMEDIATE")
 
-    def after_write(self, conn: Connection, last_seq: int) -> None:
+    def after_write(self, cursor: Any, last_seq: int) -> None:
         """Readers poll; nothing to announce."""
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
