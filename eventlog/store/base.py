@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 _ID_CHUNK = 500  # bound parameters per lookup (SQLite's limit is far above; PG has none)
 _KNOWN_STREAMS = 100_000  # versions remembered between batches (cleared when exceeded)
 
-# Built once: constructing a Core statement costs ~100 µs of Python per batch otherwise.
+# Read-side statements, built once (constructing a Core statement costs ~100 µs of Python).
 _TAIL = sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
 # The writer's statements, as plain SQL both dialects accept (markers filled per driver).
 _TAIL_SQL = "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
@@ -363,10 +363,8 @@ class SqlStore:
     def tail_chain(self) -> tuple[int, bytes]:
         """The newest seq and its chain value (the anchor to keep elsewhere)."""
         with self._read_engine.connect() as conn:
-            row = conn.execute(
-                sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
-            ).first()
-        return (row[0], row[1]) if row else (0, chain.GENESIS)
+            row = conn.execute(_TAIL).first()
+        return (row[0], bytes(row[1])) if row else (0, chain.GENESIS)
 
     def stream_version(self, stream: str) -> int | None:
         with self._read_engine.connect() as conn:
