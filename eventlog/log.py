@@ -13,7 +13,7 @@ from typing import Literal
 import sqlalchemy as sa
 
 from eventlog import codec
-from eventlog.errors import EventLogError, InvalidEventError, LogClosedError
+from eventlog.errors import InvalidEventError, LogClosedError
 from eventlog.events import Event
 from eventlog.ids import new_event_id
 from eventlog.records import (
@@ -100,7 +100,7 @@ class EventLog:
 
     def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append to several streams in one atomic step: every request lands, or none."""
-        return self._wait(self._writer.write(self._prepare(requests)))
+        return self._writer.write(self._prepare(requests))
 
     async def append_async(
         self,
@@ -113,13 +113,7 @@ class EventLog:
         return results[0]
 
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        return self._wait(await self._writer.submit_async(self._prepare(requests)))
-
-    @staticmethod
-    def _wait(outcome: list[AppendResult] | EventLogError) -> list[AppendResult]:
-        if isinstance(outcome, EventLogError):  # pragma: no cover - the writer raises these
-            raise outcome
-        return outcome
+        return await self._writer.submit_async(self._prepare(requests))
 
     def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:
         started = time.thread_time()

@@ -21,11 +21,13 @@ from concurrent.futures import Future
 from typing import TypeAlias
 
 from eventlog.errors import LogClosedError
+from eventlog.records import AppendResult
 from eventlog.store.base import Outcome, SqlStore, Submission
 
 log = logging.getLogger(__name__)
 
-_Waiter: TypeAlias = "Future[Outcome] | asyncio.Future[Outcome]"
+Results = list[AppendResult]
+_Waiter: TypeAlias = "Future[Results] | asyncio.Future[Results]"
 _Item = tuple[Submission, _Waiter]
 
 
@@ -47,13 +49,13 @@ class GroupCommitWriter:
         self.cpu_seconds = 0.0
         """CPU time the writer thread spent writing (waiting for fsync costs none)."""
 
-    def submit(self, submission: Submission) -> Future[Outcome]:
-        """Queue a submission; the returned future resolves after its transaction."""
-        future: Future[Outcome] = Future()
+    def submit(self, submission: Submission) -> Future[Results]:
+        """Queue a submission; the future resolves (or raises) after its transaction."""
+        future: Future[Results] = Future()
         self._put((submission, future))
         return future
 
-    def write(self, submission: Submission) -> Outcome:
+    def write(self, submission: Submission) -> Results:
         """Queue a submission and wait for it, leading the commit when nobody else is."""
         future = self.submit(submission)
         if self._leader.acquire(blocking=False):
@@ -65,9 +67,9 @@ class GroupCommitWriter:
                 self._leader.release()
         return future.result()
 
-    def submit_async(self, submission: Submission) -> asyncio.Future[Outcome]:
+    def submit_async(self, submission: Submission) -> asyncio.Future[Results]:
         """Queue a submission from a running loop; the future resolves on that loop."""
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Results] = asyncio.get_running_loop().create_future()
         self._put((submission, future))
         return future
 
@@ -116,7 +118,7 @@ class GroupCommitWriter:
             log.exception("append batch failed")
             outcomes = [exc] * len(items)
         self.cpu_seconds += time.thread_time() - started
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Outcome], object]]]
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Results], object]]]
         by_loop = defaultdict(list)
         for (_, waiter), outcome in zip(items, outcomes, strict=True):
             if isinstance(waiter, asyncio.Future):
@@ -141,7 +143,7 @@ class GroupCommitWriter:
         self._thread.join()
 
 
-def _settle(settled: list[tuple[asyncio.Future[Outcome], object]]) -> None:
+def _settle(settled: list[tuple[asyncio.Future[Results], object]]) -> None:
     """On the caller's loop: resolve every future of one batch (skipping cancelled ones)."""
     for future, outcome in settled:
         if future.done():

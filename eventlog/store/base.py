@@ -41,8 +41,8 @@ _TAIL = sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).li
 _TAIL_SQL = "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
 _VERSIONS_SQL = "SELECT stream, max(version) FROM events WHERE stream IN ({}) GROUP BY stream"
 _BY_ID_SQL = (
-    "SELECT seq, stream, version, event_id, type, schema, recorded_at, payload, chain"
-    " FROM events WHERE event_id IN ({})"
+    "SELECT event_id, stream, seq, version, type, schema, payload FROM events"
+    " WHERE event_id IN ({})"
 )
 _VERSIONS = (
     sa.select(events.c.stream, sa.func.max(events.c.version))
@@ -104,6 +104,10 @@ class Dialect(Protocol):
     def dispose(self) -> None: ...
 
 
+_Placed = tuple[str, int, int, str, int, bytes]
+"""Where a caller-chosen event id landed: stream, seq, version, type, schema, payload."""
+
+
 @dataclass
 class _Batch:
     """The writer's view of the log while it plans one transaction."""
@@ -111,8 +115,8 @@ class _Batch:
     head: int
     last_chain: bytes
     versions: dict[str, int | None]
-    stored: dict[bytes, Record]
-    pending: dict[bytes, tuple[str, int, int, str, int, bytes]] = field(default_factory=dict)
+    placed: dict[bytes, _Placed]
+    """Caller-chosen event ids already stored, or accepted earlier in this batch."""
     rows: list[tuple[int, str, int, bytes, str, int, int, bytes, bytes]] = field(
         default_factory=list
     )
@@ -223,13 +227,19 @@ class SqlStore:
             for event in request.events
             if event.id_supplied
         ]
-        stored: dict[bytes, Record] = {}
+        placed: dict[bytes, _Placed] = {}
         for chunk in _chunks(supplied):
             cursor.execute(_BY_ID_SQL.format(self._markers(chunk)), chunk)
-            for row in cursor.fetchall():
-                record = _record(row)
-                stored[record.event_id.bytes] = record
-        return _Batch(head=head, last_chain=last_chain, versions=versions, stored=stored)
+            for event_id, *where in cursor.fetchall():
+                placed[bytes(event_id)] = (
+                    where[0],
+                    where[1],
+                    where[2],
+                    where[3],
+                    where[4],
+                    bytes(where[5]),
+                )
+        return _Batch(head=head, last_chain=last_chain, versions=versions, placed=placed)
 
     def _markers(self, values: Sequence[object]) -> str:
         return ", ".join([self.dialect.placeholder] * len(values))
@@ -253,7 +263,9 @@ class SqlStore:
                 seqs, stream_versions, ids = [], [], []
                 for event in request.events:
                     if event.id_supplied:
-                        if event.event_id in batch.pending or event.event_id in supplied:
+                        # `_retried` already matched ids placed before; only a repeat within
+                        # this very submission is left to catch.
+                        if event.event_id in supplied:
                             raise InvalidEventError(
                                 f"stream {request.stream!r}: event id "
                                 f"{uuid.UUID(bytes=event.event_id)} appears twice in one append"
@@ -295,33 +307,20 @@ class SqlStore:
         batch.head, batch.last_chain = head, last_chain
         batch.versions.update(versions)
         for row in rows:
-            batch.pending[row[3]] = (row[1], row[0], row[2], row[4], row[5], row[7])
+            if row[3] in supplied:  # minted ids cannot come back; only chosen ones are tracked
+                batch.placed[row[3]] = (row[1], row[0], row[2], row[4], row[5], row[7])
         batch.rows.extend(rows)
         return results
 
     def _retried(self, batch: _Batch, request: PreparedRequest) -> AppendResult | None:
         """The original result when every event of the request is already stored as is."""
-        found: list[tuple[str, int, int, str, int, bytes]] = []
+        found: list[_Placed] = []
         for event in request.events:
-            if not event.id_supplied:
+            placed = batch.placed.get(event.event_id) if event.id_supplied else None
+            if placed is None:
                 continue
-            record = batch.stored.get(event.event_id)
-            if record is not None:
-                found.append(
-                    (
-                        record.stream,
-                        record.seq,
-                        record.version,
-                        record.type,
-                        record.schema,
-                        record.payload,
-                    )
-                )
-            elif event.event_id in batch.pending:
-                found.append(batch.pending[event.event_id])
-            else:
-                continue
-            stream, seq, _, type_name, schema, payload = found[-1]
+            found.append(placed)
+            stream, seq, _, type_name, schema, payload = placed
             if (stream, type_name, schema, payload) != (
                 request.stream,
                 event.type,
@@ -340,7 +339,7 @@ class SqlStore:
             request.stream,
             [f[1] for f in found],
             [f[2] for f in found],
-            [uuid.UUID(bytes=e.event_id) for e in request.events],
+            [e.uuid for e in request.events],
         )
 
     def _versions(self, conn: Connection, streams: Iterable[str]) -> dict[str, int | None]:
