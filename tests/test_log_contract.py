@@ -466,3 +466,28 @@ def test_cancelling_an_awaiting_append_neither_withdraws_it_nor_breaks_the_write
 
     assert asyncio.run(main()) == 2  # the queued append was already handed to the writer
     assert [r.event.text for r in log.read_stream("c")] == ["queued", "after"]  # type: ignore[attr-defined]
+
+
+def test_one_chosen_id_twice_in_one_append_is_refused_and_writes_nothing(log: EventLog) -> None:
+    event_id = uuid.uuid4()
+    twice = [Proposed(LogNote(text="a"), event_id), Proposed(LogNote(text="a"), event_id)]
+    with pytest.raises(InvalidEventError, match="appears twice in one append"):
+        log.append("s", twice)
+    assert log.head() == 0
+
+
+def test_a_retry_racing_its_original_in_one_commit_gets_the_same_positions(
+    log: EventLog, log_target: str
+) -> None:
+    proposed = [Proposed(LogNote(text="once"), uuid.uuid4())]
+
+    async def main() -> list[list[int]]:
+        with write_lock_held(log_target):  # both are queued before the writer can commit
+            both = [asyncio.create_task(log.append_async("r", proposed)) for _ in range(2)]
+            await asyncio.sleep(0.3)
+        return [result.seqs for result in await asyncio.gather(*both)]
+
+    commits = log.commits
+    assert asyncio.run(main()) == [[1], [1]]
+    assert log.head() == 1
+    assert log.commits - commits == 1
