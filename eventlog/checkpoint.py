@@ -37,6 +37,9 @@ class Snapshot(msgspec.Struct, kw_only=True):
     versions: dict[str, int]
 
 
+_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(Snapshot)
+
+
 def _usable_snapshot(
     log: EventLog, until_seq: int, skipped: RolledBack
 ) -> tuple[int, Snapshot | None]:
@@ -49,7 +52,7 @@ def _usable_snapshot(
         seq, payload = found
         if seq not in skipped:
             try:
-                return seq, msgspec.msgpack.decode(payload, type=Snapshot)
+                return seq, _SNAPSHOT_DECODER.decode(payload)
             except msgspec.DecodeError as exc:
                 logger.warning("snapshot at seq %d is unreadable (%s); folding instead", seq, exc)
         at = seq - 1

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
+from eventlog import codec
 from eventlog.checkpoint import check_rows, fold_until, run_checkpoint
 from eventlog.config import RecoveryConfig, resolve_granularity
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.errors import (
     ConcurrencyError,
+    InvalidEventError,
     LedgerRuleError,
     StaleAttemptError,
 )
@@ -107,19 +109,14 @@ class FinalizationInputs(msgspec.Struct, frozen=True, kw_only=True):
     mask_samples: list[bool]
 
 
-_check_decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
-
-
 def _check_types(event: Event) -> None:
-    """Round-trip through the codec's validation so a wrong type fails here, not at decode."""
-    cls = type(event)
-    decoder = _check_decoders.setdefault(cls, msgspec.msgpack.Decoder(cls))
+    """The codec's own validation, so a wrong type fails as a ledger rule, not at decode."""
     try:
-        decoder.decode(msgspec.msgpack.encode(event))
-    except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
+        codec.encode(event)
+    except InvalidEventError as exc:
         group = getattr(event, "group_id", None)
         where = f"group {group!r}: " if group else ""
-        raise LedgerRuleError(f"{where}{cls.__name__}: {exc}") from None
+        raise LedgerRuleError(f"{where}{exc}") from None
 
 
 class RecoveryLedger:

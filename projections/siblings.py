@@ -174,17 +174,11 @@ class LedgerState(msgspec.Struct, kw_only=True):
 
 
 _ENCODER = msgspec.msgpack.Encoder(order="sorted")
-_DECODER = msgspec.msgpack.Decoder(LedgerState)
 
 
 def encode_state(state: LedgerState) -> bytes:
     """Canonical bytes of a state (map keys sorted): snapshot payload and digest input."""
     return _ENCODER.encode(state)
-
-
-def decode_state(payload: bytes) -> LedgerState:
-    """A state from `encode_state` bytes (validated against the types above)."""
-    return _DECODER.decode(payload)
 
 
 def state_digest(state: LedgerState) -> str:
@@ -210,8 +204,14 @@ def fold_all(state: LedgerState, events: Iterable[Event]) -> LedgerState:
 
 
 def _replace_sibling(group: GroupState, sibling: SiblingState) -> GroupState:
+    return _replace_siblings(group, [sibling])
+
+
+def _replace_siblings(group: GroupState, replacements: Iterable[SiblingState]) -> GroupState:
+    """One new group for any number of changed siblings (not one copy per sibling)."""
     siblings = list(group.siblings)
-    siblings[sibling.generation_index] = sibling
+    for sibling in replacements:
+        siblings[sibling.generation_index] = sibling
     return msgspec.structs.replace(group, siblings=tuple(siblings))
 
 
@@ -360,13 +360,16 @@ def _on_dispatched(state: LedgerState, ev: SiblingsDispatched) -> None:
     _require(group, status=("generating",), action="dispatch")
     indices = [ref.generation_index for ref in ev.attempts]
     _unique_indices(group, indices, "dispatch", every=group.granularity == "prompt_group")
+    dispatched = []
     for ref in ev.attempts:
-        current = _current(group, ref, "reserved")
-        sibling = group.siblings[ref.generation_index]
-        group = _replace_sibling(
-            group, _with_current(sibling, msgspec.structs.replace(current, status="dispatched"))
+        current = _current(group, ref, "reserved")  # checks the index first
+        dispatched.append(
+            _with_current(
+                group.siblings[ref.generation_index],
+                msgspec.structs.replace(current, status="dispatched"),
+            )
         )
-    state.groups[group.group_id] = group
+    state.groups[group.group_id] = _replace_siblings(group, dispatched)
 
 
 def _on_failed(state: LedgerState, ev: AttemptFailed) -> None:
@@ -437,7 +440,6 @@ def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
         reward=ev.reward,
         mask_sample=ev.mask_sample,
     )
-    _sibling(group, ev.generation_index)
     group = _replace_sibling(group, _sealed(group, result))
     state.groups[group.group_id] = _ready_if_complete(group)
 
@@ -454,23 +456,20 @@ def _on_group_sealed(state: LedgerState, ev: GroupSealed) -> None:
             "same attempt",
             group_id=group.group_id,
         )
-    updated = group
-    for result in ev.results:  # validated against the unchanged group: all or nothing
-        updated = _replace_sibling(updated, _sealed(group, result))
-    state.groups[group.group_id] = _ready_if_complete(updated)
+    # Every result is validated against the unchanged group before anything changes.
+    sealed = [_sealed(group, result) for result in ev.results]
+    state.groups[group.group_id] = _ready_if_complete(_replace_siblings(group, sealed))
 
 
 def _abandon(group: GroupState, refs: list[AttemptRef], *allowed: AttemptStatus) -> GroupState:
-    updated = group
+    abandoned = []
     for ref in refs:
         current = _current(group, ref, *allowed)
-        abandoned = AttemptState(
+        attempt = AttemptState(
             attempt=current.attempt, rollout_id=current.rollout_id, status="abandoned"
         )
-        updated = _replace_sibling(
-            updated, _with_current(group.siblings[ref.generation_index], abandoned)
-        )
-    return updated
+        abandoned.append(_with_current(group.siblings[ref.generation_index], attempt))
+    return _replace_siblings(group, abandoned)
 
 
 def _on_unsealed_abandoned(state: LedgerState, ev: UnsealedAbandoned) -> None:
@@ -505,7 +504,7 @@ def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
             "reruns as the same attempt",
             group_id=group.group_id,
         )
-    updated = group
+    retried: list[SiblingState] = []
     for ref in ev.attempts:
         sibling = _sibling(group, ref.generation_index)
         current = sibling.current
@@ -526,13 +525,10 @@ def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
                 **where,
             )
         fresh = AttemptState(attempt=ref.attempt, rollout_id=ref.rollout_id, status="reserved")
-        updated = _replace_sibling(
-            updated,
-            SiblingState(
-                generation_index=ref.generation_index, attempts=(*sibling.attempts, fresh)
-            ),
+        retried.append(
+            SiblingState(generation_index=ref.generation_index, attempts=(*sibling.attempts, fresh))
         )
-    state.groups[group.group_id] = updated
+    state.groups[group.group_id] = _replace_siblings(group, retried)
 
 
 def _on_finalization_started(state: LedgerState, ev: FinalizationStarted) -> None:
