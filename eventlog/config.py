@@ -41,6 +41,9 @@ class Granularity(enum.StrEnum):
     PROMPT_GROUP = "prompt_group"
 
 
+DEFAULT_STAGING_PARTITION = "rollout_staging"
+"""Where workers stage token rows unless `token_capture.staging_partition` says otherwise."""
+
 _GRANULARITIES = " or ".join(repr(g.value) for g in Granularity)
 _OVERRIDE_MAPS = ("agent_granularity_overrides", "task_granularity_overrides")
 
@@ -57,7 +60,7 @@ class TokenCaptureConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     """Whether workers stage token rows in the data plane, and in which partition."""
 
     enabled: bool = False
-    staging_partition: Annotated[str, msgspec.Meta(min_length=1)] = "rollout_staging"
+    staging_partition: Annotated[str, msgspec.Meta(min_length=1)] = DEFAULT_STAGING_PARTITION
 
 
 class CheckpointingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -23,7 +23,7 @@ import msgspec
 
 from eventlog import codec
 from eventlog.checkpoint import check_rows, fold_until, run_checkpoint
-from eventlog.config import RecoveryConfig, resolve_granularity
+from eventlog.config import DEFAULT_STAGING_PARTITION, RecoveryConfig, resolve_granularity
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.errors import (
     ConcurrencyError,
@@ -61,7 +61,7 @@ from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVer
 from eventlog.replay_ownership import ReplayOwnership
 from eventlog.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
 from projections.history import RolledBack, rolled_back
-from projections.reconcile import referenced_keys, staged_by
+from projections.reconcile import reconcile, referenced_keys, staged_by
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import (
     AttemptState,
@@ -76,8 +76,6 @@ from projections.siblings import (
 __all__ = ["Cut", "FinalizationInputs", "RecoveryLedger", "SiblingResult"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_STAGING_PARTITION = "rollout_staging"
 
 
 class Cut(Protocol):
@@ -616,12 +614,18 @@ class RecoveryLedger:
         """
         cut.require_live()
         state = self._require_state()
+        present = self.data_plane.list_keys(self.staging_partition)
+        owned = referenced_keys(state)
+        # Only attempts that still have an unowned row here (workers tag rows with their
+        # rollout id): earlier clears already removed the rest, no need to read them again.
+        candidates = {tags.get("rollout_id") for key, tags in present.items() if key not in owned}
         finished = sorted(
             attempt.rollout_id
             for group in state.groups.values()
             for sibling in group.siblings
             for attempt in sibling.attempts
             if attempt.status in ("failed", "abandoned")
+            and (attempt.rollout_id in candidates or None in candidates)
         )
         if not finished:
             return []
@@ -629,13 +633,7 @@ class RecoveryLedger:
             (r.event for rid in finished for r in self.log.read_stream(attempt_stream(rid))),
             self.staging_partition,
         )
-        present = self.data_plane.list_keys(self.staging_partition)
-        owned = referenced_keys(state)
-        cleared = [
-            ClearedKey(key=key, rollout_id=rollout_id)
-            for key, rollout_id in sorted(staged.items())
-            if key in present and key not in owned
-        ]
+        cleared = reconcile(state, present, staged, self.staging_partition).clear_of_attempts
         if cleared:
             event = StagingCleared(
                 partition=self.staging_partition,

@@ -236,9 +236,8 @@ class Controller:
     def _fresh_group_id(self, step: int, order: int) -> str:
         """`step{S}-g{J}`, suffixed when a rolled-back reservation already used that id.
 
-        The ledger would accept the rolled-back id again, but attempt numbers restart at 0
-        for a new reservation, and the rolled-back attempt streams (`attempt/<rollout id>`)
-        still exist: a worker's first append there would conflict. A fresh id avoids both.
+        A group id is used once (the ledger refuses it again: its rolled-back attempt streams
+        still exist), so the prompt is reserved again under the next free suffix.
         """
         base = f"step{step}-g{order}"
         candidate, n = base, 0
@@ -420,8 +419,7 @@ class Controller:
         ledger, gid, index = self.ledger, group.group_id, ref.generation_index
         refs: list[AttemptRef] = []
         async with self.barrier.mutation("retry") as cut:
-            current = ledger.group(gid).siblings[index].current
-            if current.rollout_id != ref.rollout_id or current.status != "dispatched":
+            if not self._wanted(gid, ref):
                 logger.info("attempt %s ended (%s) after it was superseded", ref.rollout_id, error)
                 return
             ledger.fail_attempt(cut, gid, index, rollout_id=ref.rollout_id, error=error)

@@ -44,6 +44,7 @@ from typing import TypeVar
 
 import torch
 
+from eventlog.config import DEFAULT_STAGING_PARTITION
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.errors import ConfigError, RolloutError
 from eventlog.events import (
@@ -64,7 +65,6 @@ from eventlog.rollout.sampling import SampleDelta, Sampling, TokenEngine
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STAGING_PARTITION = "rollout_staging"
 
 T = TypeVar("T")
 
