@@ -54,7 +54,6 @@ from eventlog.events import (
     StaleResultRejected,
     attempt_stream,
     group_stream,
-    logical_id,
 )
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
@@ -195,7 +194,7 @@ class RecoveryLedger:
             prompt_id=group.prompt_id,
             target_step=group.target_step,
             rollout_ids=[a.rollout_id for a in current],
-            canonical_row_ids=[logical_id(group_id, i) for i in range(len(current))],
+            canonical_row_ids=group.canonical_row_ids(),
             receipts=[a.receipt for a in current],
             rewards=[a.reward if a.reward is not None else 0.0 for a in current],
             mask_samples=[bool(a.mask_sample) for a in current],
@@ -580,7 +579,7 @@ class RecoveryLedger:
             owner=owner,
             prompt_id=group.prompt_id,
             target_step=group.target_step,
-            canonical_row_ids=[logical_id(group_id, i) for i in range(group.expected_generations)],
+            canonical_row_ids=group.canonical_row_ids(),
             min_weight_version=min_weight_version,
         )
         self._commit_group(cut, group_id, [event])

@@ -131,6 +131,10 @@ class GroupState(msgspec.Struct, frozen=True, kw_only=True):
     siblings: tuple[SiblingState, ...]
     finalization_owner: str | None = None
 
+    def canonical_row_ids(self) -> list[str]:
+        """The training rows a finalized group becomes: one per sibling, by logical id."""
+        return [logical_id(self.group_id, i) for i in range(self.expected_generations)]
+
     def indices(self, *statuses: AttemptStatus) -> list[int]:
         """Generation indices whose current attempt has one of `statuses`."""
         return [s.generation_index for s in self.siblings if s.current.status in statuses]
@@ -566,7 +570,7 @@ def _on_finalized(state: LedgerState, ev: GroupFinalized) -> None:
     group = state.group(ev.group_id)
     _require(group, status=("finalizing",), action="finalize")
     _check_owner(group, ev.owner)
-    canonical = [logical_id(group.group_id, i) for i in range(group.expected_generations)]
+    canonical = group.canonical_row_ids()
     if list(ev.canonical_row_ids) != canonical:
         raise RuleViolation(
             f"canonical rows must be {canonical}, found {list(ev.canonical_row_ids)}",
