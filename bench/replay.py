@@ -75,22 +75,22 @@ def _timed(owner: Any, name: str, phases: dict[str, float], label: str) -> None:
 
 def child(what: str, log_path: str) -> dict[str, Any]:
     """Run one restore (or open) on `log_path` and return its figures (in a fresh process)."""
-    import eventlog.ledger
-    import eventlog.restore
+    import eventlog.recovery.ledger
+    import eventlog.recovery.restore
     from bench.runlog import RunDataset
     from eventlog import EventLog
-    from eventlog.barrier import MutationBarrier
     from eventlog.dataplane.memory import InMemoryDataPlane
-    from eventlog.ledger import RecoveryLedger
+    from eventlog.recovery.barrier import MutationBarrier
+    from eventlog.recovery.ledger import RecoveryLedger
 
     phases: dict[str, float] = {}
     # Phase timers: module-level names the restore calls once each (the per-group stream reads
     # happen inside attempts_used, the TokensStaged scan inside staged_by).
-    _timed(eventlog.restore, "fold_until", phases, "fold_s")
-    _timed(eventlog.ledger, "fold_until", phases, "fold_s")
-    _timed(eventlog.restore, "staged_by", phases, "tokens_staged_scan_s")
-    _timed(eventlog.restore, "attempts_used", phases, "group_streams_s")
-    _timed(eventlog.restore, "_rehydrate", phases, "rehydrate_s")
+    _timed(eventlog.recovery.restore, "fold_until", phases, "fold_s")
+    _timed(eventlog.recovery.ledger, "fold_until", phases, "fold_s")
+    _timed(eventlog.recovery.restore, "staged_by", phases, "tokens_staged_scan_s")
+    _timed(eventlog.recovery.restore, "attempts_used", phases, "group_streams_s")
+    _timed(eventlog.recovery.restore, "_rehydrate", phases, "rehydrate_s")
     _timed(InMemoryDataPlane, "load_checkpoint", phases, "data_plane_load_s")
 
     baseline = _maxrss_mb()

@@ -36,14 +36,16 @@ import msgspec
 import torch
 
 from eventlog import EventLog
-from eventlog.checkpoint import SNAPSHOT_NAME, Snapshot
 from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
+from eventlog.recovery.checkpoint import SNAPSHOT_NAME, Snapshot
+from eventlog.recovery.restore import Prompt, prompt_digest
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     REPLAY_STREAM,
     AttemptFailed,
     CheckpointCommitted,
-    Event,
     FinalizationStarted,
     GenerationFailed,
     GenerationFinished,
@@ -65,8 +67,6 @@ from eventlog.events import (
     group_stream,
     logical_id,
 )
-from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
-from eventlog.restore import Prompt, prompt_digest
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import GroupState, LedgerState, fold, state_digest
 

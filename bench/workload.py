@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from eventlog import NO_STREAM
-from eventlog.events import Event, Receipt, event_type
+from eventlog.events import Event, event_type
 from eventlog.records import ExpectedVersion
+from eventlog.recovery.vocabulary import Receipt
 
 STREAMS = 1000
 """Prompt groups written at once, like one training step of a real run."""

@@ -1,11 +1,14 @@
-"""eventlog: the durable, auditable memory of an asynchronous RL post-training run."""
+"""eventlog: an append-only, hash-chained event log on SQLite or PostgreSQL.
 
-from eventlog.barrier import Cut, MutationBarrier
-from eventlog.config import RecoveryConfig, load_config, resolve_granularity
+The package root is the log alone; the rollout-recovery domain built on it lives in
+`eventlog.recovery` (with `eventlog.dataplane` and `eventlog.rollout` beside it).
+"""
+
 from eventlog.errors import (
     ConcurrencyError,
     DuplicateEventError,
     EventLogError,
+    InputError,
     IntegrityError,
     InvalidEventError,
     LogRevisionError,
@@ -13,7 +16,6 @@ from eventlog.errors import (
     UnknownEventTypeError,
 )
 from eventlog.events import Event, event_type
-from eventlog.ledger import RecoveryLedger, SiblingResult
 from eventlog.log import EventLog
 from eventlog.records import (
     ANY,
@@ -24,7 +26,6 @@ from eventlog.records import (
     Record,
     RecordedEvent,
 )
-from eventlog.restore import Dataset, RestorePlan
 
 __all__ = [
     "ANY",
@@ -32,26 +33,18 @@ __all__ = [
     "AppendRequest",
     "AppendResult",
     "ConcurrencyError",
-    "Cut",
-    "Dataset",
     "DuplicateEventError",
     "Event",
     "EventLog",
     "EventLogError",
+    "InputError",
     "IntegrityError",
     "InvalidEventError",
     "LogRevisionError",
-    "MutationBarrier",
     "Proposed",
     "Record",
     "RecordedEvent",
-    "RecoveryConfig",
-    "RecoveryLedger",
-    "RestorePlan",
     "SchemaError",
-    "SiblingResult",
     "UnknownEventTypeError",
     "event_type",
-    "load_config",
-    "resolve_granularity",
 ]

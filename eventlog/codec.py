@@ -13,12 +13,7 @@ from typing import Any
 
 import msgspec
 
-from eventlog.errors import (
-    FutureSchemaError,
-    InvalidEventError,
-    SchemaError,
-    UnknownEventTypeError,
-)
+from eventlog.errors import FutureSchemaError, InvalidEventError, SchemaError, UnknownEventTypeError
 from eventlog.events import Event, event_types
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]

@@ -42,7 +42,11 @@ class DuplicateEventError(EventLogError):
         )
 
 
-class InvalidEventError(EventLogError):
+class InputError(EventLogError):
+    """The caller's input is invalid (an event, an argument, a configuration); nothing was done."""
+
+
+class InvalidEventError(InputError):
     """An event or append request is malformed (bad field, bad stream name, bad JSON)."""
 
 
@@ -77,70 +81,39 @@ class IntegrityError(EventLogError):
         super().__init__(message)
 
 
-class LogClosedError(EventLogError):
-    """The log was closed while an operation was pending or after it was closed."""
+class DamagedRecordError(IntegrityError):
+    """A stored record's column holds a value of the wrong storage type (edited outside eventlog).
 
-
-class LedgerRuleError(EventLogError):
-    """A recovery-ledger command broke a domain rule; nothing was appended."""
-
-
-class BarrierError(EventLogError):
-    """The mutation barrier was misused (nested section, stale cut)."""
-
-
-class ReconciliationError(EventLogError):
-    """The log and the data plane disagree in a way restore must not paper over."""
-
-
-class ConfigError(EventLogError):
-    """The recovery configuration is invalid; the message names the key path."""
-
-
-class DataPlaneError(EventLogError):
-    """The data plane failed or returned something other than what was asked for."""
-
-
-class MissingRowsError(DataPlaneError):
-    """Rows that were asked for by key are not in the data plane."""
-
-    def __init__(self, partition: str, keys: list[str]) -> None:
-        self.partition = partition
-        self.keys = keys
-        shown = ", ".join(keys[:5]) + (f" … ({len(keys)} in all)" if len(keys) > 5 else "")
-        super().__init__(f"partition {partition!r}: missing staging keys {shown}")
-
-
-class StaleAttemptError(LedgerRuleError):
-    """A result names an attempt that is no longer current (superseded, abandoned or failed).
-
-    Expected traffic, not a bug: a late worker result. Nothing is appended; pass the error to
-    ``RecoveryLedger.record_rejected_result`` to make the rejection visible in the audit.
+    Raised by the store when it reads the record, before anything decodes it, so a reader
+    never replays a record whose envelope it cannot trust.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        group_id: str,
-        generation_index: int,
-        rollout_id: str,
-        current_rollout_id: str | None,
-    ) -> None:
-        self.group_id = group_id
-        self.generation_index = generation_index
-        self.rollout_id = rollout_id
-        self.current_rollout_id = current_rollout_id
-        super().__init__(message)
+    def __init__(self, message: str, *, seq: int, column: str) -> None:
+        self.column = column
+        super().__init__(message, seq=seq)
 
 
-class PromptIdentityError(ReconciliationError):
-    """A prompt rehydrated from the dataset is not the one the group was reserved for."""
+class StorageError(EventLogError):
+    """The database failed an operation (PEP 249's DatabaseError, translated by the store).
+
+    The original driver exception is kept as ``__cause__``; the message names the target.
+    """
 
 
-class RolloutError(EventLogError):
-    """A rollout worker or its vLLM engine failed to run an attempt."""
+class StorageUnavailableError(StorageError):
+    """The database cannot do the work now: a lock held past the busy timeout, a lost
+    connection, a full disk, a read-only file. Nothing of the failed call was committed, so
+    retrying the same append (with the same event ids) is safe once the cause is gone."""
 
 
-class DemoError(EventLogError):
-    """`eventlog demo` could not complete its run (a controller failed, or a kill never came)."""
+class StorageIntegrityError(StorageError):
+    """The database refused a write that breaks one of its constraints or triggers
+    (PEP 249's IntegrityError; e.g. an UPDATE of a record, which the log never does)."""
+
+
+class StorageDamagedError(StorageError):
+    """The database file is not a database or is damaged (SQLite's `malformed` / `notadb`)."""
+
+
+class LogClosedError(EventLogError):
+    """The log was closed while an operation was pending or after it was closed."""

@@ -23,11 +23,11 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.recovery.vocabulary import (
     AttemptFailed,
     AttemptRef,
     CheckpointCommitted,
-    Event,
     GenerationFailed,
     GenerationFinished,
     GenerationStarted,

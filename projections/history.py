@@ -13,7 +13,8 @@ import bisect
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from eventlog.events import CheckpointCommitted, Event, RestoreStarted
+from eventlog.events import Event
+from eventlog.recovery.vocabulary import CheckpointCommitted, RestoreStarted
 from projections.siblings import LedgerState, fold
 
 

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from eventlog.events import ClearedKey, Event, TokensStaged
+from eventlog.events import Event
+from eventlog.recovery.vocabulary import ClearedKey, TokensStaged
 from projections.siblings import LedgerState, RuleViolation
 
 

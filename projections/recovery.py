@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.recovery.vocabulary import (
     AttemptRef,
-    Event,
     GroupAbandoned,
     RetryPrepared,
     SiblingsDispatched,

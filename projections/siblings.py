@@ -20,10 +20,10 @@ from typing import Literal, TypedDict
 
 import msgspec
 
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.recovery.vocabulary import (
     AttemptFailed,
     AttemptRef,
-    Event,
     FinalizationStarted,
     FinalizationUnknown,
     Granularity,

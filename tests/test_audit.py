@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import msgspec
 
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     AttemptFailed,
     AttemptRef,
     CheckpointCommitted,
-    Event,
     FinalizationStarted,
     GenerationFinished,
     GenerationStarted,

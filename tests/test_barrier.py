@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from eventlog.barrier import Cut, MutationBarrier
-from eventlog.errors import BarrierError
+from eventlog.recovery.barrier import Cut, MutationBarrier
+from eventlog.recovery.errors import BarrierError
 
 TIMEOUT_S = 2.0
 

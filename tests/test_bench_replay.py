@@ -12,9 +12,9 @@ from rich.console import Console
 from bench import replay
 from bench.runlog import copy_log, run_log
 from eventlog import EventLog
-from eventlog.checkpoint import SNAPSHOT_NAME
 from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.ledger import RecoveryLedger
+from eventlog.recovery.checkpoint import SNAPSHOT_NAME
+from eventlog.recovery.ledger import RecoveryLedger
 from projections.siblings import LedgerState, fold, state_digest
 
 

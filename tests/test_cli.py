@@ -33,16 +33,15 @@ from eventlog.cli._common import exit_code_for, format_ns, parse_time
 from eventlog.cli.main import SUBCOMMANDS, main
 from eventlog.errors import (
     ConcurrencyError,
-    ConfigError,
     DuplicateEventError,
     EventLogError,
     FutureSchemaError,
     IntegrityError,
     InvalidEventError,
-    LedgerRuleError,
     LogRevisionError,
     UnknownEventTypeError,
 )
+from eventlog.recovery.errors import ConfigError, LedgerRuleError
 from eventlog.store import migrate
 from tests.cli_vocabulary import CliAttempt, CliDispatched, CliMeasured, CliNote, CliRef
 
@@ -677,7 +676,11 @@ def test_a_file_that_is_not_a_database_is_a_database_error(tmp_path: Path) -> No
     path.write_text("not a database, just words " * 100)
     result = cli("replay", str(path))
     assert result.exit_code == 6
-    assert result.stderr == "error: database error: file is not a database\n"
+    first, hint = result.stderr.splitlines()
+    assert first == (
+        f"error: {path}: the database file is damaged or not a database (file is not a database)"
+    )
+    assert hint.startswith("hint: restore it from a backup")
 
 
 def test_an_events_module_that_does_not_import_is_a_usage_error(log_file: str) -> None:

@@ -13,16 +13,16 @@ from click.testing import CliRunner, Result
 
 from eventlog import EventLog
 from eventlog.cli.main import main
-from eventlog.errors import StaleAttemptError
-from eventlog.events import (
+from eventlog.records import ANY
+from eventlog.recovery.errors import StaleAttemptError
+from eventlog.recovery.restore import RestorePlan
+from eventlog.recovery.vocabulary import (
     GenerationFinished,
     GenerationStarted,
     Receipt,
     TokensStaged,
     attempt_stream,
 )
-from eventlog.records import ANY
-from eventlog.restore import RestorePlan
 from tests.fixtures.ledger import Harness
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from eventlog.config import (
+from eventlog.errors import InvalidEventError
+from eventlog.recovery.config import (
     Granularity,
     RecoveryConfig,
     config_from_dict,
@@ -16,7 +17,7 @@ from eventlog.config import (
     parse_config,
     resolve_granularity,
 )
-from eventlog.errors import ConfigError, InvalidEventError
+from eventlog.recovery.errors import ConfigError
 
 REQUIRED: dict[str, Any] = {
     "token_capture": {"enabled": True},
@@ -353,6 +354,6 @@ def test_malformed_prompt_identity_is_an_error_naming_the_field(
 def test_config_granularities_are_exactly_the_event_vocabulary() -> None:
     from typing import get_args
 
-    from eventlog import events
+    from eventlog.recovery import vocabulary
 
-    assert {g.value for g in Granularity} == set(get_args(events.Granularity))
+    assert {g.value for g in Granularity} == set(get_args(vocabulary.Granularity))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eventlog.dataplane.protocol import DataPlane, Row, inventory_digest
-from eventlog.errors import DataPlaneError, MissingRowsError
+from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 from tests.fixtures.tq import ClearableDataPlane
 
 

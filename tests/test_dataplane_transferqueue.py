@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.dataplane.raysession import kill_ray_session, session_pids
-from eventlog.errors import DataPlaneError, MissingRowsError
+from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 
 if TYPE_CHECKING:  # imported lazily: collecting this module must not load Ray
     from eventlog.dataplane.transferqueue import TransferQueueDataPlane, TransferQueueRuntime

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from eventlog import EventLog
-from eventlog.events import (
+from eventlog.records import RecordedEvent
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     GroupFinalized,
     GroupSealed,
@@ -32,7 +33,6 @@ from eventlog.events import (
     SiblingsDispatched,
     SiblingSealed,
 )
-from eventlog.records import RecordedEvent
 from projections.history import rebuild, rolled_back
 from tests.fixtures.vllm import _unavailable
 

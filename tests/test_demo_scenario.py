@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from eventlog.config import resolve_granularity
 from eventlog.demo.scenario import CONFIG_YAML, PROMPTS, DemoDataset, demo_config
-from eventlog.restore import prompt_digest
+from eventlog.recovery.config import resolve_granularity
+from eventlog.recovery.restore import prompt_digest
 from eventlog.rollout.agents import get_agent
 from eventlog.rollout.pool import PrioritySlots
 

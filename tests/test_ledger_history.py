@@ -16,10 +16,12 @@ import pytest
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.errors import InvalidEventError, SchemaError
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.records import ANY
+from eventlog.recovery.ledger import RecoveryLedger
+from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
     AttemptRef,
-    Event,
     FinalizationStarted,
     GroupAbandoned,
     GroupAdmitted,
@@ -37,8 +39,6 @@ from eventlog.events import (
     UnsealedAbandoned,
     group_stream,
 )
-from eventlog.ledger import RecoveryLedger
-from eventlog.records import ANY
 from projections.siblings import LedgerState, RuleViolation, fold_all
 
 

@@ -22,15 +22,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.errors import LedgerRuleError, StaleAttemptError
-from eventlog.events import (
+from eventlog.recovery.errors import LedgerRuleError, StaleAttemptError
+from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     CheckpointCommitted,
     GroupFinalized,
     RestoreStarted,
     SiblingsDispatched,
 )
-from eventlog.ledger import RecoveryLedger, SiblingResult
 from projections.history import effective, effective_checkpoints, rolled_back
 from tests.fixtures.ledger import Harness
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from eventlog.errors import LedgerRuleError
-from eventlog.events import REPLAY_STREAM, ReplayEvicted
+from eventlog.recovery.errors import LedgerRuleError
+from eventlog.recovery.vocabulary import REPLAY_STREAM, ReplayEvicted
 from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
 
 

@@ -7,14 +7,10 @@ import asyncio
 import pytest
 
 from eventlog import EventLog
-from eventlog.errors import (
-    BarrierError,
-    ConcurrencyError,
-    LedgerRuleError,
-    StaleAttemptError,
-)
-from eventlog.events import PromptRef, Receipt, StaleResultRejected, group_stream
-from eventlog.ledger import RecoveryLedger, SiblingResult
+from eventlog.errors import ConcurrencyError
+from eventlog.recovery.errors import BarrierError, LedgerRuleError, StaleAttemptError
+from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
+from eventlog.recovery.vocabulary import PromptRef, Receipt, StaleResultRejected, group_stream
 from tests.fixtures.ledger import Harness, harness_fixture, make_prompt  # noqa: F401
 
 
@@ -349,7 +345,7 @@ def test_a_group_id_is_used_once(harness: Harness) -> None:
 
 
 def test_granularity_is_resolved_once_from_config_at_reservation(harness: Harness) -> None:
-    from eventlog.config import config_from_dict
+    from eventlog.recovery.config import config_from_dict
 
     h = harness
     config = config_from_dict(
@@ -477,7 +473,7 @@ def test_no_checkpoint_while_a_group_is_finalizing_or_unknown(
 
 def test_checkpoint_fails_closed_when_a_sealed_row_is_missing(harness: Harness) -> None:
     h = harness
-    from eventlog.errors import ReconciliationError
+    from eventlog.recovery.errors import ReconciliationError
 
     h.reserve("g1", n=2)
     h.dispatch("g1")

@@ -7,8 +7,8 @@ import torch
 
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.dataplane.protocol import DataPlaneCheckpoint
-from eventlog.errors import ReconciliationError
-from eventlog.events import (
+from eventlog.recovery.errors import ReconciliationError
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     ClearedKey,
     PromptRef,
@@ -141,7 +141,7 @@ class _LossyDataPlane(InMemoryDataPlane):
 
 
 def test_restore_fails_closed_when_a_referenced_row_is_missing(harness: Harness) -> None:
-    from eventlog.ledger import RecoveryLedger
+    from eventlog.recovery.ledger import RecoveryLedger
 
     h = harness
     h.reserve("g1", n=2)

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from eventlog.config import config_from_dict
-from eventlog.errors import LedgerRuleError, PromptIdentityError
-from eventlog.events import (
+from eventlog.recovery.config import config_from_dict
+from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError
+from eventlog.recovery.ledger import RecoveryLedger
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     GroupFinalized,
     RestoreCompleted,
     RestoreStarted,
     group_stream,
 )
-from eventlog.ledger import RecoveryLedger
 from projections.history import effective, rolled_back
 from projections.siblings import state_digest
 from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
@@ -46,9 +46,9 @@ _CHILD = textwrap.dedent(
     """
     import asyncio, json, sys
     from eventlog import EventLog
-    from eventlog.barrier import MutationBarrier
+    from eventlog.recovery.barrier import MutationBarrier
     from eventlog.dataplane.memory import InMemoryDataPlane
-    from eventlog.ledger import RecoveryLedger
+    from eventlog.recovery.ledger import RecoveryLedger
 
     class Dataset:
         def __init__(self, prompts): self.prompts = prompts
@@ -124,7 +124,7 @@ def test_prompt_group_restart_retries_every_sibling_when_one_is_unfinished(
     h.dispatch("open")
     h.dispatch("done")
     stray = h.stage("open_g0")  # a sibling finished, but the group never sealed
-    from eventlog.ledger import SiblingResult
+    from eventlog.recovery.ledger import SiblingResult
 
     receipts = [h.stage(f"done_g{i}") for i in range(2)]
     h.run(

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from eventlog import EventLog
-from eventlog.barrier import MutationBarrier
 from eventlog.dataplane.protocol import DataPlaneCheckpoint
-from eventlog.errors import ReconciliationError
-from eventlog.events import CONTROLLER_STREAM, StagingCleared
-from eventlog.ledger import RecoveryLedger
+from eventlog.recovery.barrier import MutationBarrier
+from eventlog.recovery.errors import ReconciliationError
+from eventlog.recovery.ledger import RecoveryLedger
+from eventlog.recovery.vocabulary import CONTROLLER_STREAM, StagingCleared
 from tests.fixtures.ledger import STAGING, Harness
 from tests.fixtures.tq import ClearableDataPlane
 

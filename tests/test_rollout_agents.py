@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 from eventlog.rollout.agents import (
     Agent,
     RewardInput,

@@ -19,7 +19,8 @@ from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.demo.checks import check_run
 from eventlog.demo.scenario import DemoDataset, demo_config
-from eventlog.events import (
+from eventlog.records import RecordedEvent
+from eventlog.recovery.vocabulary import (
     AttemptFailed,
     CheckpointCommitted,
     GenerationFailed,
@@ -36,7 +37,6 @@ from eventlog.events import (
     UnsealedAbandoned,
     group_stream,
 )
-from eventlog.records import RecordedEvent
 from eventlog.rollout.agents import get_agent
 from eventlog.rollout.controller import Controller, LoopSettings, RunReport
 from eventlog.rollout.faults import FaultPlan

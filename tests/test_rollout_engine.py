@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 from eventlog.rollout.sampling import SampleDelta, Sampling
 from tests.fixtures.vllm import VllmSession
 

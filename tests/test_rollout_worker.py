@@ -17,7 +17,7 @@ import torch
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.errors import ConcurrencyError
-from eventlog.events import (
+from eventlog.recovery.vocabulary import (
     GenerationFailed,
     GenerationFinished,
     GenerationStarted,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 from eventlog.rollout.tiny_model import STAMP_FILE, build_tiny_model
 
 pytestmark = pytest.mark.slow

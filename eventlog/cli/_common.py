@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 import re
 import sys
 import uuid
@@ -22,15 +23,15 @@ from sqlalchemy import exc as sa_exc
 from eventlog import codec
 from eventlog.errors import (
     ConcurrencyError,
-    ConfigError,
     DuplicateEventError,
     EventLogError,
+    InputError,
     IntegrityError,
-    InvalidEventError,
     LogRevisionError,
     SchemaError,
+    StorageError,
 )
-from eventlog.log import EventLog, open_store, resolve_url
+from eventlog.log import DEFAULT_BUSY_TIMEOUT, EventLog, open_store, resolve_url
 from eventlog.records import Record, RecordedEvent
 from eventlog.store import migrate
 
@@ -49,19 +50,18 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130
 
 
-class CliUsageError(EventLogError):
+class CliUsageError(InputError):
     """The command line named something that does not exist or cannot be used."""
 
 
 _EXIT_CODES: list[tuple[type[BaseException], ExitCode]] = [
     (IntegrityError, ExitCode.INTEGRITY),
-    (InvalidEventError, ExitCode.USAGE),
-    (ConfigError, ExitCode.USAGE),
-    (CliUsageError, ExitCode.USAGE),
+    (InputError, ExitCode.USAGE),
     (LogRevisionError, ExitCode.REVISION_OR_SCHEMA),
     (SchemaError, ExitCode.REVISION_OR_SCHEMA),
     (ConcurrencyError, ExitCode.CONFLICT),
     (DuplicateEventError, ExitCode.CONFLICT),
+    (StorageError, ExitCode.DATABASE),
     (EventLogError, ExitCode.OTHER),
 ]
 
@@ -105,13 +105,34 @@ def require_parent(target: str) -> None:
         raise CliUsageError(f"{target}: folder {parent} does not exist")
 
 
-def open_log(target: str, *, create: bool = False) -> EventLog:
-    """Open a log at head; without `create`, a missing file or an empty database is refused."""
+BUSY_TIMEOUT_ENV = "EVENTLOG_BUSY_TIMEOUT"
+
+
+def busy_timeout() -> float:
+    """Seconds an append waits for another writer's lock (env EVENTLOG_BUSY_TIMEOUT)."""
+    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_BUSY_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86_400:
+        raise CliUsageError(f"{BUSY_TIMEOUT_ENV}={text!r}: expected seconds in 0..86400")
+    return value
+
+
+def open_log(target: str, *, create: bool = False, write: bool = False) -> EventLog:
+    """Open a log at head; without `create`, a missing file or an empty database is refused.
+
+    Unless the command creates or appends (`create`, `write`), the log is opened read-only:
+    an audit never creates, migrates or changes the file it reads.
+    """
     if create:
         require_parent(target)
     else:
         require_existing(target)
-    store = open_store(target)
+    store = open_store(target, busy_timeout=busy_timeout(), read_only=not (create or write))
     try:
         migrate.ensure_at_head(store.engine, target=shown_target(target), create=create)
     except BaseException:

@@ -115,7 +115,7 @@ def append(target: str, source: Any, as_json: bool) -> None:
     if not requests:
         click.echo("nothing to append", err=True)
         return
-    with open_log(target) as log:
+    with open_log(target, write=True) as log:
         results = log.append_batch(requests)
     for request, result in zip(requests, results, strict=True):
         for item, seq, version, event_id in zip(

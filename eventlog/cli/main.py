@@ -19,19 +19,24 @@ from typing import Any, NoReturn
 import click
 
 from eventlog.cli._common import CliUsageError, ExitCode, exit_code_for
+from eventlog.errors import EventLogError
 
 SUBCOMMANDS: dict[str, str] = {
     "db": "eventlog.cli.db:db",
     "init": "eventlog.cli.init:init",
     "append": "eventlog.cli.append:append",
-    "replay": "eventlog.cli.replay:replay",
+    "replay": "eventlog.recovery.cli.replay:replay",
     "verify": "eventlog.cli.verify:verify",
     "info": "eventlog.cli.info:info",
     "tail": "eventlog.cli.tail:tail",
-    "stats": "eventlog.cli.stats:stats",
-    "demo": "eventlog.cli.demo:demo",
-    "inspect": "eventlog.cli.inspect:inspect",
+    "stats": "eventlog.recovery.cli.stats:stats",
+    "demo": "eventlog.demo.command:demo",
+    "inspect": "eventlog.recovery.cli.inspect:inspect",
 }
+
+
+# Vocabularies every command can decode without --events-module (imported by name, on start).
+DEFAULT_EVENTS_MODULES: tuple[str, ...] = ("eventlog.recovery.vocabulary",)
 
 
 class LazyGroup(click.Group):
@@ -88,7 +93,7 @@ def _fail(ctx: click.Context, exc: Exception) -> NoReturn:
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
     code = exit_code_for(exc)
-    if code == ExitCode.DATABASE:
+    if code == ExitCode.DATABASE and not isinstance(exc, EventLogError):  # untranslated
         original = getattr(exc, "orig", None) or exc
         message = f"database error: {original}"
         hint = None
@@ -144,7 +149,7 @@ def main(debug: bool, events_modules: tuple[str, ...]) -> None:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for name in events_modules:
+    for name in (*DEFAULT_EVENTS_MODULES, *events_modules):
         try:
             importlib.import_module(name)
         except ImportError as exc:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import click
-import msgspec
 
-from eventlog import codec
 from eventlog.cli._common import (
     RecordLines,
     RecordView,
@@ -21,51 +21,43 @@ from eventlog.cli._common import (
     time_option,
     view_record,
 )
-from eventlog.events import attempt_stream, group_stream
 from eventlog.log import EventLog
 from eventlog.records import Record
 
 
-def group_streams(log: EventLog, group_id: str) -> list[str]:
-    """A group's stream plus the attempt streams of every rollout id its events name.
+class StreamSelector(Protocol):
+    """A domain's way to name streams on `replay`'s command line (e.g. `--group G`)."""
 
-    One read of the group's own (small) stream finds them; attempts are always named by a
-    `rollout_id` field, so this does not depend on which events carry them.
-    """
-    stream = group_stream(group_id)
-    rollout_ids: set[str] = set()
-    for record in log.read_records(streams=[stream]):
-        try:
-            _collect_rollout_ids(codec.raw_fields(record.payload), rollout_ids)
-        except msgspec.DecodeError:
-            continue  # a corrupt payload: replay itself will report it
-    return [stream, *(attempt_stream(rollout_id) for rollout_id in sorted(rollout_ids))]
+    def option(self) -> click.Option:
+        """The click option; its values reach `streams` one by one."""
+        ...
+
+    def streams(self, log: EventLog, value: str) -> list[str]:
+        """The streams one value of the option stands for."""
+        ...
 
 
-def _collect_rollout_ids(value: object, found: set[str]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key == "rollout_id" and isinstance(item, str) and item:
-                found.add(item)
-            else:
-                _collect_rollout_ids(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            _collect_rollout_ids(item, found)
+class ReplayCommand(click.Command):
+    """`replay` and the stream selectors it was built with."""
+
+    selectors: tuple[tuple[StreamSelector, str], ...] = ()  # (selector, its option's name)
 
 
-@click.command()
+def make_replay(selectors: Sequence[StreamSelector]) -> ReplayCommand:
+    """`replay` with the stream selectors a domain adds (the core command has none)."""
+    command = copy.copy(replay)
+    options = [selector.option() for selector in selectors]
+    command.selectors = tuple(
+        (selector, str(option.name)) for selector, option in zip(selectors, options, strict=True)
+    )
+    command.params = [*replay.params, *options]
+    return command
+
+
+@click.command(cls=ReplayCommand)
 @click.argument("target")
 @click.option(
     "--stream", "streams", multiple=True, metavar="STREAM", help="Only this stream (repeatable)."
-)
-@click.option(
-    "--group",
-    "groups",
-    multiple=True,
-    metavar="G",
-    help="Only prompt group G: stream group/G and the attempt streams of its rollout ids "
-    "(repeatable).",
 )
 @click.option(
     "--type", "types", multiple=True, metavar="TYPE", help="Only this event type (repeatable)."
@@ -102,7 +94,6 @@ def _collect_rollout_ids(value: object, found: set[str]) -> None:
 def replay(
     target: str,
     streams: tuple[str, ...],
-    groups: tuple[str, ...],
     types: tuple[str, ...],
     from_seq: int,
     until_seq: int | None,
@@ -110,6 +101,7 @@ def replay(
     until: int | None,
     as_json: bool,
     allow_unknown: bool,
+    **selected: tuple[str, ...],
 ) -> None:
     """Print TARGET's records in seq order, filtered.
 
@@ -123,10 +115,13 @@ def replay(
     """
     with open_log(target) as log:
         wanted: list[str] | None = None
-        if streams or groups:
+        command = click.get_current_context().command
+        selectors = command.selectors if isinstance(command, ReplayCommand) else ()
+        chosen = [(selector, value) for selector, name in selectors for value in selected[name]]
+        if streams or chosen:
             wanted = list(streams)
-            for group_id in groups:
-                wanted.extend(group_streams(log, group_id))
+            for selector, value in chosen:
+                wanted.extend(selector.streams(log, value))
             wanted = list(dict.fromkeys(wanted))
         head = log.head()
         last = head if until_seq is None else min(until_seq, head)

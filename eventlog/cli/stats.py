@@ -1,32 +1,21 @@
-"""`eventlog stats`: how many records of each type and in each kind of stream, and, when the
-log holds rollout-recovery events, what recovery cost per agent and task."""
+"""`eventlog stats`: how many records of each type and in each kind of stream, plus the
+sections a domain adds (rollout recovery adds what recovery cost per agent and task)."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import click
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from eventlog import codec
 from eventlog.cli._common import format_ns, json_line, open_log, seq_progress, stdout_console
-from eventlog.errors import SchemaError
-from eventlog.events import CONTROLLER_STREAM, Event
 from eventlog.log import EventLog
 from eventlog.records import Record
-from projections.audit import (
-    AUDIT_TYPES,
-    RECOVERY_TYPES,
-    AuditReport,
-    AuditState,
-    KeyReport,
-    fold_audit,
-    report,
-)
-from projections.history import RolledBack, rolled_back
 
 
 def stream_prefix(stream: str) -> str:
@@ -34,30 +23,37 @@ def stream_prefix(stream: str) -> str:
     return stream.split("/", 1)[0]
 
 
-class _Decoded(msgspec.Struct, frozen=True):
-    """A record with its event, for the audit fold."""
+class StatsSection(Protocol):
+    """A domain's section of `stats`: fed every record in the same pass, reported after."""
 
-    seq: int
-    stream: str
-    recorded_at: int
-    event: Event
+    key: str  # its key in --json output
 
+    def add(self, record: Record) -> None: ...
 
-def _decoded(record: Record) -> _Decoded | None:
-    try:
-        event = codec.decode(record.type, record.schema, record.payload, seq=record.seq)
-    except SchemaError:
-        return None  # an unknown type or a newer schema: counted above, not audited
-    return _Decoded(record.seq, record.stream, record.recorded_at, event)
+    def report(self) -> object | None:
+        """What to show (a msgspec Struct or builtins), or None when the log has nothing."""
+        ...
+
+    def print(self, console: Console, found: object) -> None: ...
 
 
-def _rolled_back(log: EventLog) -> RolledBack:
-    """The rolled-back ranges, from the controller stream's decodable records."""
-    controller = (_decoded(r) for r in log.read_records(streams=[CONTROLLER_STREAM]))
-    return rolled_back(r for r in controller if r is not None)
+SectionFactory = Callable[[EventLog], StatsSection]
 
 
-@click.command()
+class StatsCommand(click.Command):
+    """`stats` and the sections it was built with."""
+
+    sections: tuple[SectionFactory, ...] = ()
+
+
+def make_stats(sections: Sequence[SectionFactory]) -> StatsCommand:
+    """`stats` with the sections a domain adds (the core command has none)."""
+    command = copy.copy(stats)
+    command.sections = tuple(sections)
+    return command
+
+
+@click.command(cls=StatsCommand)
 @click.argument("target")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def stats(target: str, as_json: bool) -> None:
@@ -71,12 +67,14 @@ def stats(target: str, as_json: bool) -> None:
     GenerationFinished). Rolled-back records count as work done; what was kept follows the
     effective history. --json adds these under "recovery".
     """
+    command = click.get_current_context().command
+    factories = command.sections if isinstance(command, StatsCommand) else ()
     by_type: Counter[str] = Counter()
     by_prefix: Counter[str] = Counter()
     first_ns = last_ns = None
     with open_log(target) as log:
         head = log.head()
-        audit_state = AuditState(skipped=_rolled_back(log))
+        sections = [factory(log) for factory in factories]
         with seq_progress("stats", 1, head) as advance:
             for record in log.read_records():
                 advance(record.seq)
@@ -85,12 +83,10 @@ def stats(target: str, as_json: bool) -> None:
                 if first_ns is None:
                     first_ns = record.recorded_at
                 last_ns = record.recorded_at
-                if record.type in AUDIT_TYPES:
-                    decoded = _decoded(record)
-                    if decoded is not None:
-                        fold_audit(audit_state, decoded)
+                for section in sections:
+                    section.add(record)
     total = sum(by_type.values())
-    recovery = report(audit_state) if RECOVERY_TYPES & by_type.keys() else None
+    found = [(section, section.report()) for section in sections]
     if as_json:
         out: dict[str, Any] = {
             "records": total,
@@ -100,8 +96,7 @@ def stats(target: str, as_json: bool) -> None:
             "types": dict(by_type.most_common()),
             "stream_prefixes": dict(by_prefix.most_common()),
         }
-        if recovery is not None:
-            out["recovery"] = msgspec.to_builtins(recovery)
+        out |= {s.key: msgspec.to_builtins(r) for s, r in found if r is not None}
         click.echo(json_line(out))
         return
     console = stdout_console()
@@ -117,53 +112,6 @@ def stats(target: str, as_json: bool) -> None:
             table.add_row(name, str(n), f"{100 * n / total:.1f}%")
         console.print()
         console.print(table)
-    if recovery is not None:
-        print_recovery(console, recovery)
-
-
-_COLUMNS: list[tuple[str, str]] = [
-    ("groups", "groups"),
-    ("finalized", "finalized"),
-    ("attempts", "attempts"),
-    ("retries", "retries"),
-    ("failed", "failed"),
-    ("abandoned", "abandoned"),
-    ("stale_rejected", "stale rejected"),
-    ("reused_after_restore", "reused by restore"),
-    ("redispatched_after_restore", "rerun by restore"),
-    ("rows_staged", "rows staged"),
-    ("rows_discarded", "rows discarded"),
-    ("tokens_discarded", "tokens discarded"),
-]
-
-
-def _row(name: tuple[str, str], r: KeyReport) -> list[str]:
-    cells = [name[0], name[1]]
-    cells += [f"{getattr(r, key):,}" for key, _ in _COLUMNS]
-    share = r.tokens_discarded / r.tokens_staged if r.tokens_staged else None
-    cells.append("-" if share is None else f"{100 * share:.1f}%")
-    latency = r.generation_latency
-    cells.append("-" if latency.p50_ms is None else f"{latency.p50_ms:,.1f}")
-    cells.append("-" if latency.p90_ms is None else f"{latency.p90_ms:,.1f}")
-    return cells
-
-
-def print_recovery(console: Console, recovery: AuditReport) -> None:
-    """The per-agent/task recovery table."""
-    console.print()
-    console.print(
-        f"rollout recovery: {recovery.restores} restore(s), {recovery.checkpoints} "
-        f"checkpoint(s), {recovery.rolled_back_records} rolled-back record(s)"
-    )
-    table = Table(title=None, box=None, pad_edge=False)
-    table.add_column("agent")
-    table.add_column("task")
-    for _, title in _COLUMNS:
-        table.add_column(title, justify="right")
-    table.add_column("tokens discarded %", justify="right")
-    table.add_column("gen p50 ms", justify="right")
-    table.add_column("gen p90 ms", justify="right")
-    for r in recovery.by_agent_task:
-        table.add_row(*_row((r.agent_name or "-", r.task_name or "-"), r))
-    table.add_row(*_row(("all", ""), recovery.total), style="bold")
-    console.print(table)
+    for section, report in found:
+        if report is not None:
+            section.print(console, report)

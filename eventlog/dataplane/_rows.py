@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from eventlog.dataplane.protocol import RESERVED_TAG_PREFIX, Row
-from eventlog.errors import DataPlaneError
+from eventlog.recovery.errors import DataPlaneError
 
 
 @dataclass(frozen=True)

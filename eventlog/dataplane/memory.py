@@ -18,7 +18,7 @@ import torch
 
 from eventlog.dataplane._rows import check_keys, check_partition, check_rows
 from eventlog.dataplane.protocol import DataPlaneCheckpoint, Row, inventory_digest
-from eventlog.errors import DataPlaneError, MissingRowsError
+from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 
 logger = logging.getLogger(__name__)
 

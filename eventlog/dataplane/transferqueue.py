@@ -57,7 +57,7 @@ from eventlog.dataplane.protocol import (
     inventory_digest,
 )
 from eventlog.dataplane.raysession import MARKER_ENV, kill_ray_session, session_pids
-from eventlog.errors import DataPlaneError, MissingRowsError
+from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 
 logger = logging.getLogger(__name__)
 

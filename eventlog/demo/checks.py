@@ -13,7 +13,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from eventlog.events import (
+from eventlog.log import EventLog
+from eventlog.records import RecordedEvent
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     AttemptFailed,
     GenerationFailed,
@@ -32,8 +34,6 @@ from eventlog.events import (
     SiblingSealed,
     UnsealedAbandoned,
 )
-from eventlog.log import EventLog
-from eventlog.records import RecordedEvent
 from projections.history import RolledBack, rebuild, rolled_back
 from projections.siblings import LedgerState
 

@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from eventlog.config import load_config
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.demo.scenario import DemoDataset, demo_faults
 from eventlog.log import EventLog
+from eventlog.recovery.config import load_config
 from eventlog.rollout.controller import Controller, RunReport
 from eventlog.rollout.faults import FaultPlan
 from eventlog.rollout.settings import LoopSettings

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from eventlog.demo.scenario import CONFIG_YAML
-from eventlog.errors import DemoError
-from eventlog.events import CheckpointCommitted, GroupSealed, SiblingSealed
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
+from eventlog.recovery.errors import DemoError
+from eventlog.recovery.vocabulary import CheckpointCommitted, GroupSealed, SiblingSealed
 from eventlog.rollout.settings import LoopSettings
 from projections.siblings import LedgerState, RuleViolation, fold
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventlog.config import RecoveryConfig, parse_config
+from eventlog.recovery.config import RecoveryConfig, parse_config
 from eventlog.rollout.faults import FaultPlan
 from eventlog.rollout.settings import LoopSettings
 

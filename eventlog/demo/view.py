@@ -17,7 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from eventlog.events import (
+from eventlog.records import RecordedEvent
+from eventlog.recovery.vocabulary import (
     AttemptFailed,
     CheckpointCommitted,
     GroupAbandoned,
@@ -26,7 +27,6 @@ from eventlog.events import (
     RestoreStarted,
     StaleResultRejected,
 )
-from eventlog.records import RecordedEvent
 from eventlog.rollout.settings import LoopSettings
 from projections.siblings import LedgerState, RuleViolation, fold
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 
 
 @dataclass(frozen=True)

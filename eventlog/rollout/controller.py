@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from eventlog.barrier import Cut, MutationBarrier
-from eventlog.config import RecoveryConfig
 from eventlog.dataplane.protocol import DataPlane
-from eventlog.errors import ConfigError, EventLogError, LedgerRuleError, StaleAttemptError
-from eventlog.events import AttemptRef, PromptRef, group_stream, rollout_id_for
-from eventlog.ledger import RecoveryLedger, SiblingResult
+from eventlog.errors import EventLogError
 from eventlog.log import EventLog
-from eventlog.restore import GroupPlan, Prompt, RestorePlan
+from eventlog.recovery.barrier import Cut, MutationBarrier
+from eventlog.recovery.config import RecoveryConfig
+from eventlog.recovery.errors import ConfigError, LedgerRuleError, StaleAttemptError
+from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
+from eventlog.recovery.restore import GroupPlan, Prompt, RestorePlan
+from eventlog.recovery.vocabulary import AttemptRef, PromptRef, group_stream, rollout_id_for
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.pool import AttemptSkipped, WorkerPool
 from eventlog.rollout.rows import TRAINING_PARTITION, StepReport, canonical_rows, step_report

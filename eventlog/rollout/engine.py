@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from eventlog.errors import ConfigError, RolloutError
+from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.rollout.sampling import SampleDelta, Sampling
 
 

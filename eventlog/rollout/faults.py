@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eventlog.errors import RolloutError
+from eventlog.recovery.errors import RolloutError
 
 
 class InjectedFailure(RolloutError):

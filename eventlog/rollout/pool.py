@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from eventlog.dataplane.protocol import DataPlane
-from eventlog.errors import ConfigError, RolloutError
 from eventlog.log import EventLog
+from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.sampling import Sampling, TokenEngine
 from eventlog.rollout.worker import AttemptResult, RolloutWorker

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from eventlog.dataplane.protocol import DataPlane, Row
-from eventlog.errors import LedgerRuleError
-from eventlog.ledger import FinalizationInputs
+from eventlog.recovery.errors import LedgerRuleError
+from eventlog.recovery.ledger import FinalizationInputs
 
 TRAINING_PARTITION = "training"
 """Where finalized groups' canonical rows wait for the train step (keys: canonical row ids)."""

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 
 ParamValue = str | int | float | bool | None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from eventlog.errors import ConfigError
+from eventlog.recovery.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

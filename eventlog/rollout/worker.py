@@ -44,11 +44,13 @@ from typing import TypeVar
 
 import torch
 
-from eventlog.config import DEFAULT_STAGING_PARTITION
 from eventlog.dataplane.protocol import DataPlane
-from eventlog.errors import ConfigError, RolloutError
-from eventlog.events import (
-    Event,
+from eventlog.events import Event
+from eventlog.log import EventLog
+from eventlog.records import NO_STREAM, AppendRequest
+from eventlog.recovery.config import DEFAULT_STAGING_PARTITION
+from eventlog.recovery.errors import ConfigError, RolloutError
+from eventlog.recovery.vocabulary import (
     GenerationFailed,
     GenerationFinished,
     GenerationStarted,
@@ -57,8 +59,6 @@ from eventlog.events import (
     attempt_stream,
     rollout_id_for,
 )
-from eventlog.log import EventLog
-from eventlog.records import NO_STREAM, AppendRequest
 from eventlog.rollout.agents import Agent, RewardInput, checked_reward, get_agent
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.sampling import SampleDelta, Sampling, TokenEngine

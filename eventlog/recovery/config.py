@@ -19,7 +19,8 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
-from eventlog.errors import ConfigError, InvalidEventError
+from eventlog.errors import InvalidEventError
+from eventlog.recovery.errors import ConfigError
 
 __all__ = [
     "CheckpointingConfig",

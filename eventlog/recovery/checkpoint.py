@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from eventlog.dataplane.protocol import DataPlane
-from eventlog.errors import InvalidEventError, LedgerRuleError, ReconciliationError
-from eventlog.events import CONTROLLER_STREAM, CheckpointCommitted
+from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
+from eventlog.recovery.errors import LedgerRuleError, ReconciliationError
+from eventlog.recovery.vocabulary import CONTROLLER_STREAM, CheckpointCommitted
 from projections.history import RolledBack
 from projections.reconcile import referenced_keys
 from projections.siblings import LedgerState, RuleViolation, fold, state_digest
 
 if TYPE_CHECKING:
-    from eventlog.ledger import Cut, RecoveryLedger
+    from eventlog.recovery.ledger import Cut, RecoveryLedger
 
 logger = logging.getLogger(__name__)
 

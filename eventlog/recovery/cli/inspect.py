@@ -27,10 +27,10 @@ from eventlog.cli._common import (
     summary,
     view_decoded,
 )
-from eventlog.cli.replay import group_streams
-from eventlog.events import CONTROLLER_STREAM, group_stream
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
+from eventlog.recovery.cli.replay import group_streams
+from eventlog.recovery.vocabulary import CONTROLLER_STREAM, group_stream
 from projections.audit import GroupSummary, TimelineEntry, group_timeline, summarize_group
 from projections.history import RolledBack, rolled_back
 

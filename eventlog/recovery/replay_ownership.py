@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from eventlog.errors import LedgerRuleError
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.recovery.errors import LedgerRuleError
+from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
-    Event,
     ReplayConsumed,
     ReplayEvicted,
     ReplayReleased,
@@ -23,7 +23,7 @@ from eventlog.events import (
 from projections.siblings import ReplayEntry, ReplayStatus
 
 if TYPE_CHECKING:
-    from eventlog.ledger import Cut, RecoveryLedger
+    from eventlog.recovery.ledger import Cut, RecoveryLedger
 
 
 class ReplayOwnership:

@@ -22,22 +22,22 @@ from typing import Protocol
 import msgspec
 
 from eventlog import codec
-from eventlog.checkpoint import check_rows, fold_until, run_checkpoint
-from eventlog.config import DEFAULT_STAGING_PARTITION, RecoveryConfig, resolve_granularity
 from eventlog.dataplane.protocol import DataPlane
-from eventlog.errors import (
-    ConcurrencyError,
-    InvalidEventError,
-    LedgerRuleError,
-    StaleAttemptError,
-)
-from eventlog.events import (
+from eventlog.errors import ConcurrencyError, InvalidEventError
+from eventlog.events import Event
+from eventlog.log import EventLog
+from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
+from eventlog.recovery.checkpoint import check_rows, fold_until, run_checkpoint
+from eventlog.recovery.config import DEFAULT_STAGING_PARTITION, RecoveryConfig, resolve_granularity
+from eventlog.recovery.errors import LedgerRuleError, StaleAttemptError
+from eventlog.recovery.replay_ownership import ReplayOwnership
+from eventlog.recovery.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     AttemptFailed,
     AttemptRef,
     CheckpointCommitted,
     ClearedKey,
-    Event,
     FinalizationStarted,
     FinalizationUnknown,
     GroupAdmitted,
@@ -55,10 +55,6 @@ from eventlog.events import (
     attempt_stream,
     group_stream,
 )
-from eventlog.log import EventLog
-from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
-from eventlog.replay_ownership import ReplayOwnership
-from eventlog.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
 from projections.history import RolledBack, rolled_back
 from projections.reconcile import reconcile, referenced_keys, staged_by
 from projections.recovery import abandon_events, attempt_ref, retry_events

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from eventlog.checkpoint import fold_until
 from eventlog.dataplane.protocol import DataPlaneCheckpoint
-from eventlog.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
-from eventlog.events import (
+from eventlog.events import Event
+from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
+from eventlog.recovery.checkpoint import fold_until
+from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
+from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     REPLAY_STREAM,
     AttemptRef,
-    Event,
     Granularity,
     RestoreCompleted,
     RestoreStarted,
@@ -32,7 +33,6 @@ from eventlog.events import (
     attempt_stream,
     group_stream,
 )
-from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
 from projections.history import RolledBack, effective_checkpoints, rolled_back
 from projections.reconcile import Reconciliation, reconcile, referenced_keys, staged_by
 from projections.recovery import attempts_used, restart_events
@@ -46,8 +46,8 @@ from projections.siblings import (
 )
 
 if TYPE_CHECKING:
-    from eventlog.ledger import RecoveryLedger
     from eventlog.log import EventLog
+    from eventlog.recovery.ledger import RecoveryLedger
 
 logger = logging.getLogger(__name__)
 

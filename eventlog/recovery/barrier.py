@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from types import TracebackType
 
-from eventlog.errors import BarrierError
+from eventlog.recovery.errors import BarrierError
 
 __all__ = ["CHECKPOINT", "Cut", "MutationBarrier"]
 

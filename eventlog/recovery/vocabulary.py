@@ -1,0 +1,402 @@
+"""The rollout-recovery vocabulary: every fact of a prompt group's life, as frozen, tagged events.
+
+Tags are the class names and never change (old logs stay readable); schema evolution follows
+`eventlog.events`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+
+from eventlog.events import Event, event_type
+
+# ---------------------------------------------------------------------------------------------
+# Rollout recovery: identities, value types, and the events of each stream.
+#
+# Streams: `group/<group_id>` (controller: one prompt group's lifecycle), `controller`
+# (checkpoints, restores, staging clean-up), `attempt/<rollout_id>` (workers: one physical
+# run of a sibling), `replay` (who owns a finalized group until it trains or is evicted).
+# Events carry ids, never list positions, and values, never references to live objects.
+# ---------------------------------------------------------------------------------------------
+
+CONTROLLER_STREAM = "controller"
+REPLAY_STREAM = "replay"
+
+Granularity = Literal["sibling", "prompt_group"]
+"""What a failure abandons and a retry redispatches: one sibling, or every sibling of a group."""
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Index = Annotated[int, msgspec.Meta(ge=0)]
+
+
+def group_stream(group_id: str) -> str:
+    """The stream holding one prompt group's lifecycle."""
+    return f"group/{group_id}"
+
+
+def attempt_stream(rollout_id: str) -> str:
+    """The stream a worker writes while it runs one attempt."""
+    return f"attempt/{rollout_id}"
+
+
+def logical_id(group_id: str, generation_index: int) -> str:
+    """A sibling's logical id; it never changes across attempts (and names its canonical row)."""
+    return f"{group_id}_g{generation_index}"
+
+
+def rollout_id_for(group_id: str, generation_index: int, attempt: int) -> str:
+    """The rollout id of one attempt: the logical id for attempt 0, `{logical}-a{n}` after."""
+    base = logical_id(group_id, generation_index)
+    return base if attempt == 0 else f"{base}-a{attempt}"
+
+
+class PromptRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the prompt comes from: a durable locator, never the prompt itself."""
+
+    sample_id: NonEmpty
+    task_name: str | None
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What an attempt produced: its rollout id and its staging keys, in call order."""
+
+    rollout_id: NonEmpty
+    staging_keys: list[NonEmpty]
+
+
+class AttemptRef(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt of one sibling, named by value (index, attempt number and rollout id)."""
+
+    generation_index: Index
+    attempt: Index
+    rollout_id: NonEmpty
+
+
+class SealResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One sibling's accepted result inside a GroupSealed (mask_sample has no default)."""
+
+    generation_index: Index
+    attempt: Index
+    rollout_id: NonEmpty
+    receipt: Receipt | None
+    reward: float
+    mask_sample: bool
+
+
+# --- stream group/<group_id> -----------------------------------------------------------------
+
+
+@event_type
+class GroupReserved(Event, frozen=True, kw_only=True):
+    """A prompt left the dataloader as a group of siblings; its granularity is fixed here."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    admission_id: NonEmpty
+    prompt_ref: PromptRef
+    prompt_id: NonEmpty
+    prompt_hash: str | None
+    agent_name: str | None
+    granularity: Granularity
+    expected_generations: Annotated[int, msgspec.Meta(ge=1)]
+    target_step: int | None
+    start_weight_version: int
+    admitted: bool
+
+
+@event_type
+class GroupAdmitted(Event, frozen=True, kw_only=True):
+    """The sampler stamped a reserved group (one admission at a time) with its target step."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    admission_id: NonEmpty
+    target_step: int | None
+    start_weight_version: int
+
+
+@event_type
+class SiblingsDispatched(Event, frozen=True, kw_only=True):
+    """Reserved attempts were handed to rollout workers."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    attempts: list[AttemptRef]
+
+
+@event_type
+class AttemptFailed(Event, frozen=True, kw_only=True):
+    """A dispatched attempt ended without a result the controller can seal."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    generation_index: Index
+    attempt: Index
+    rollout_id: NonEmpty
+    error: str
+
+
+@event_type
+class SiblingSealed(Event, frozen=True, kw_only=True):
+    """The controller accepted one attempt's result as the sibling's result (`sibling` only)."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    generation_index: Index
+    attempt: Index
+    rollout_id: NonEmpty
+    receipt: Receipt | None
+    reward: float
+    mask_sample: bool
+
+
+@event_type
+class GroupSealed(Event, frozen=True, kw_only=True):
+    """Every sibling's result accepted at once (`prompt_group` only): all or nothing."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    results: list[SealResult]
+
+
+@event_type
+class UnsealedAbandoned(Event, frozen=True, kw_only=True):
+    """Unsealed attempts were given up (`sibling`); sealed siblings keep their results."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    attempts: list[AttemptRef]
+    reason: str
+
+
+@event_type
+class GroupAbandoned(Event, frozen=True, kw_only=True):
+    """Every current attempt of a `prompt_group` group was given up; all will rerun."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    attempts: list[AttemptRef]
+    reason: str
+
+
+@event_type
+class RetryPrepared(Event, frozen=True, kw_only=True):
+    """Fresh attempts were minted for siblings whose current attempt failed or was abandoned."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    attempts: list[AttemptRef]
+
+
+@event_type
+class FinalizationStarted(Event, frozen=True, kw_only=True):
+    """A fully sealed group is being turned into training rows by `owner`."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    owner: NonEmpty
+
+
+@event_type
+class GroupFinalized(Event, frozen=True, kw_only=True):
+    """The group's canonical rows exist; it leaves the ledger and the replay buffer owns it."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    owner: NonEmpty
+    prompt_id: NonEmpty
+    target_step: int | None
+    canonical_row_ids: list[NonEmpty]
+    min_weight_version: int | None
+
+
+@event_type
+class FinalizationUnknown(Event, frozen=True, kw_only=True):
+    """Finalization failed in a way that may or may not have written rows: needs a person."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    owner: NonEmpty
+    error: str
+
+
+@event_type
+class GroupDiscarded(Event, frozen=True, kw_only=True):
+    """The group was dropped without training; the staging keys it owned were cleared."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    reason: str
+    staging_keys: list[NonEmpty]
+
+
+@event_type
+class StaleResultRejected(Event, frozen=True, kw_only=True):
+    """A result arrived for an attempt that is no longer current; it was not sealed."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    generation_index: Index
+    rollout_id: NonEmpty
+    current_rollout_id: str | None
+    reason: str
+
+
+# --- stream controller -----------------------------------------------------------------------
+
+
+@event_type
+class CheckpointCommitted(Event, frozen=True, kw_only=True):
+    """A consistent cut: ledger state, data-plane checkpoint and the log position it covers."""
+
+    schema: ClassVar[int] = 1
+    step: int
+    data_plane_ref: str
+    inventory_digest: str
+    row_count: Annotated[int, msgspec.Meta(ge=0)]
+    ledger_digest: str
+    group_count: Annotated[int, msgspec.Meta(ge=0)]
+    covers_seq: Annotated[int, msgspec.Meta(ge=0)]
+    """The log's head when the cut was taken; the chain value below is that record's."""
+    chain: str
+    """Hex chain value at `covers_seq` ('' for an empty log): an anchor against truncation."""
+
+
+@event_type
+class RestoreStarted(Event, frozen=True, kw_only=True):
+    """A restore went back to a checkpoint: records from `rolled_back_from_seq` up to this one
+    are rolled back (kept for audits, skipped by every rebuild)."""
+
+    schema: ClassVar[int] = 1
+    checkpoint_step: int
+    checkpoint_seq: Annotated[int, msgspec.Meta(ge=1)]
+    rolled_back_from_seq: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ClearedKey(msgspec.Struct, frozen=True, kw_only=True):
+    """A staging row that was cleared, with the attempt that staged it."""
+
+    key: NonEmpty
+    rollout_id: NonEmpty
+
+
+@event_type
+class StagingCleared(Event, frozen=True, kw_only=True):
+    """Unreferenced staging rows were deleted from the data plane."""
+
+    schema: ClassVar[int] = 1
+    partition: NonEmpty
+    of_attempts: list[ClearedKey]
+    """Rows a worker staged (TokensStaged) for an attempt that no sealed sibling owns."""
+    never_staged: list[NonEmpty]
+    """Rows no TokensStaged event names: written outside the protocol."""
+    reason: str
+
+
+@event_type
+class RestoreCompleted(Event, frozen=True, kw_only=True):
+    """A restore finished; the counts say how much work it kept and how much reruns."""
+
+    schema: ClassVar[int] = 1
+    checkpoint_step: int
+    checkpoint_seq: int
+    rolled_back_from_seq: int
+    rolled_back_until_seq: int
+    groups_restored: int
+    siblings_reused: int
+    siblings_redispatched: int
+    rows_cleared: int
+
+
+# --- stream attempt/<rollout_id> (written by workers) ----------------------------------------
+
+ParamValue = str | int | float | bool | None
+
+
+@event_type
+class GenerationStarted(Event, frozen=True, kw_only=True):
+    """A worker began one attempt."""
+
+    schema: ClassVar[int] = 1
+    rollout_id: NonEmpty
+    group_id: NonEmpty
+    generation_index: Index
+    attempt: Index
+    worker: str
+    model: str
+    weight_version: int
+    sampling_params: dict[str, ParamValue] = msgspec.field(default_factory=dict)
+
+
+@event_type
+class TokensStaged(Event, frozen=True, kw_only=True):
+    """The data plane acknowledged one call's token row under `staging_key`."""
+
+    schema: ClassVar[int] = 1
+    rollout_id: NonEmpty
+    partition: NonEmpty
+    staging_key: NonEmpty
+    token_count: Annotated[int, msgspec.Meta(ge=0)]
+    weight_version: int
+
+
+@event_type
+class GenerationFinished(Event, frozen=True, kw_only=True):
+    """A worker finished an attempt; the controller decides whether to seal it."""
+
+    schema: ClassVar[int] = 1
+    rollout_id: NonEmpty
+    finish_reason: str
+    token_count: Annotated[int, msgspec.Meta(ge=0)]
+    reward: float | None
+    staging_keys: list[NonEmpty]
+
+
+@event_type
+class GenerationFailed(Event, frozen=True, kw_only=True):
+    """A worker gave up an attempt."""
+
+    schema: ClassVar[int] = 1
+    rollout_id: NonEmpty
+    error: str
+
+
+# --- stream replay ---------------------------------------------------------------------------
+
+
+@event_type
+class ReplaySelected(Event, frozen=True, kw_only=True):
+    """Finalized groups were picked to train `step` (by id, never by buffer position)."""
+
+    schema: ClassVar[int] = 1
+    group_ids: list[NonEmpty]
+    step: int
+
+
+@event_type
+class ReplayReleased(Event, frozen=True, kw_only=True):
+    """Selected groups went back to the buffer untrained (the step failed or was cancelled)."""
+
+    schema: ClassVar[int] = 1
+    group_ids: list[NonEmpty]
+    reason: str
+
+
+@event_type
+class ReplayConsumed(Event, frozen=True, kw_only=True):
+    """Selected groups were trained on at `step`; the buffer no longer owns them."""
+
+    schema: ClassVar[int] = 1
+    group_ids: list[NonEmpty]
+    step: int
+
+
+@event_type
+class ReplayEvicted(Event, frozen=True, kw_only=True):
+    """Finalized groups were dropped untrained (too stale for the sampler)."""
+
+    schema: ClassVar[int] = 1
+    group_ids: list[NonEmpty]
+    reason: str
