@@ -174,10 +174,27 @@ class EventLog:
         until_seq: int | None = None,
         streams: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
+        *,
+        stream_prefix: str | None = None,
+        page_size: int = 1000,
     ) -> Iterator[RecordedEvent]:
-        """Decoded records in seq order, streamed a page at a time."""
-        for record in self._store.read(from_seq, until_seq, streams, types):
+        """Decoded records in seq order, streamed a page at a time.
+
+        `stream_prefix` keeps the records of streams whose name starts with it (the streams of
+        one application sharing the log); `page_size` bounds each fetch (a reader that wants
+        ten records should not fetch a thousand).
+        """
+        records = self._store.read(
+            from_seq, until_seq, streams, types, page_size, stream_prefix=stream_prefix
+        )
+        for record in records:
             yield decode_record(record)
+
+    def last_seq(
+        self, types: Sequence[str] | None = None, *, stream_prefix: str | None = None
+    ) -> int:
+        """The newest seq among records of `types` in streams starting with `stream_prefix`."""
+        return self._store.last_seq(types, stream_prefix)
 
     def read_records(
         self,
@@ -227,6 +244,13 @@ class EventLog:
     ) -> list[Record]:
         records = self._store.read(from_seq, until_seq, streams, types, size)
         return list(itertools.islice(records, size))
+
+    def wait_for_append(self, after_seq: int, timeout: float) -> None:
+        """Block until something may have been appended after `after_seq`, or `timeout` passes.
+
+        A wake-up, not a promise: re-read after it (SQLite polls, PostgreSQL listens).
+        """
+        self._store.wait_for_append(after_seq, timeout)
 
     # -- integrity and metadata ------------------------------------------------------------
 

@@ -376,6 +376,7 @@ class SqlStore:
         streams: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
         page_size: int = 1000,
+        stream_prefix: str | None = None,
     ) -> Iterator[Record]:
         """Records in seq order, fetched a page at a time so memory stays bounded."""
         next_seq = max(from_seq, 1)
@@ -387,6 +388,8 @@ class SqlStore:
                 query = query.where(events.c.stream.in_(list(streams)))
             if types is not None:
                 query = query.where(events.c.type.in_(list(types)))
+            if stream_prefix is not None:
+                query = query.where(_starts_with(stream_prefix))
             query = query.order_by(events.c.seq).limit(page_size)
             with self._read_engine.connect() as conn:
                 page = [_record(row) for row in conn.execute(query)]
@@ -394,6 +397,21 @@ class SqlStore:
             if len(page) < page_size:
                 return
             next_seq = page[-1].seq + 1
+
+    def last_seq(self, types: Sequence[str] | None = None, stream_prefix: str | None = None) -> int:
+        """The newest seq among the records that match (0 when none does).
+
+        Walks the seq index backwards and stops at the first match: cheap when matching
+        records are recent, as an application's own records are in a log it writes to.
+        """
+        query = sa.select(events.c.seq).order_by(events.c.seq.desc()).limit(1)
+        if types is not None:
+            query = query.where(events.c.type.in_(list(types)))
+        if stream_prefix is not None:
+            query = query.where(_starts_with(stream_prefix))
+        with self._read_engine.connect() as conn:
+            found = conn.execute(query).scalar()
+        return int(found or 0)
 
     def read_stream(
         self, stream: str, from_version: int = 0, page_size: int = 1000
@@ -476,6 +494,11 @@ def _check_expected(stream: str, expected: ExpectedVersion, current: int | None)
         return
     if current != expected:
         raise ConcurrencyError(stream, f"version {expected}", current)
+
+
+def _starts_with(prefix: str) -> sa.ColumnElement[bool]:
+    """`stream` begins with `prefix`, compared exactly (LIKE is case-blind on SQLite)."""
+    return sa.func.substr(events.c.stream, 1, len(prefix)) == prefix
 
 
 def _record(row: Sequence[Any]) -> Record:
