@@ -42,7 +42,7 @@ help:
 	@echo "make test         run the whole test suite (PYTEST_ARGS='-m \"not slow\"' for the quick loop)"
 	@echo "make demo         end-to-end run with a crash and a restore"
 	@echo "make bench        append/replay benchmarks"
-	@echo "make lint         ruff check, ruff format --check, mypy"
+	@echo "make lint         ruff check, ruff format --check, mypy, the import-layer contract"
 	@echo "make constraints  re-freeze constraints.txt from $(VENV) (CPU machines)"
 
 venv: $(STAMP)
@@ -80,6 +80,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/pytest -q -p no:randomly tests/test_layers.py  # the import-layer contract
 
 # The lock: everything installed except eventlog itself and the CUDA-linked packages the CPU
 # build removes (pinning those would clash with the GPU build's own pins).
