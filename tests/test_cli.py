@@ -29,8 +29,9 @@ from click.testing import CliRunner, Result
 
 from eventlog import EventLog
 from eventlog.chain import link
-from eventlog.cli._common import exit_code_for, format_ns, parse_time
+from eventlog.cli.exits import exit_code_for
 from eventlog.cli.main import SUBCOMMANDS, main
+from eventlog.cli.times import format_ns, parse_time
 from eventlog.errors import (
     ConcurrencyError,
     DuplicateEventError,

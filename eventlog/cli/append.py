@@ -15,7 +15,8 @@ from typing import Any, Literal
 import click
 import msgspec
 
-from eventlog.cli._common import json_line, open_log, require_existing
+from eventlog.cli.output import json_line
+from eventlog.cli.targets import open_log, require_existing
 from eventlog.errors import InvalidEventError
 from eventlog.events import Event, event_types
 from eventlog.records import ANY, NO_STREAM, AppendRequest, ExpectedVersion, Proposed

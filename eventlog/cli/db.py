@@ -5,12 +5,8 @@ from __future__ import annotations
 import click
 from alembic.util.exc import CommandError
 
-from eventlog.cli._common import (
-    ExitCode,
-    require_existing,
-    require_parent,
-    shown_target,
-)
+from eventlog.cli.exits import ExitCode
+from eventlog.cli.targets import require_existing, require_parent, shown_target
 from eventlog.errors import LogRevisionError
 from eventlog.log import open_store
 from eventlog.store import migrate

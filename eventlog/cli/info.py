@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from eventlog.cli._common import format_ns, json_line, open_log, shown_target
+from eventlog.cli.output import json_line
+from eventlog.cli.targets import open_log, shown_target
+from eventlog.cli.times import format_ns
 
 
 @click.command()

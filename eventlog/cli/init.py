@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from eventlog.cli._common import open_log, shown_target
+from eventlog.cli.targets import open_log, shown_target
 
 
 @click.command()

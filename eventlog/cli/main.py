@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
-from eventlog.cli._common import CliUsageError, ExitCode, exit_code_for
+from eventlog.cli.exits import CliUsageError, ExitCode, exit_code_for
 from eventlog.errors import EventLogError
 
 SUBCOMMANDS: dict[str, str] = {

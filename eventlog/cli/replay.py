@@ -9,18 +9,10 @@ from typing import Protocol
 
 import click
 
-from eventlog.cli._common import (
-    RecordLines,
-    RecordView,
-    json_line,
-    json_object,
-    open_log,
-    seq_progress,
-    stderr_console,
-    stdout_console,
-    time_option,
-    view_record,
-)
+from eventlog.cli.output import json_line, seq_progress, stderr_console, stdout_console
+from eventlog.cli.targets import open_log
+from eventlog.cli.times import time_option
+from eventlog.cli.views import RecordLines, RecordView, json_object, view_record
 from eventlog.log import EventLog
 from eventlog.records import Record
 

@@ -13,7 +13,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from eventlog.cli._common import format_ns, json_line, open_log, seq_progress, stdout_console
+from eventlog.cli.output import json_line, seq_progress, stdout_console
+from eventlog.cli.targets import open_log
+from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
 from eventlog.records import Record
 

@@ -8,14 +8,9 @@ from collections.abc import Callable
 
 import click
 
-from eventlog.cli._common import (
-    RecordLines,
-    json_line,
-    json_object,
-    open_log,
-    stdout_console,
-    view_decoded,
-)
+from eventlog.cli.output import json_line, stdout_console
+from eventlog.cli.targets import open_log
+from eventlog.cli.views import RecordLines, json_object, view_decoded
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
 

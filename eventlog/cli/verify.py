@@ -6,7 +6,9 @@ import re
 
 import click
 
-from eventlog.cli._common import ExitCode, json_line, open_log
+from eventlog.cli.exits import ExitCode
+from eventlog.cli.output import json_line
+from eventlog.cli.targets import open_log
 from eventlog.log import EventLog
 from eventlog.verify import Problem
 

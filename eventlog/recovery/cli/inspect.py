@@ -16,17 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 from eventlog import codec
-from eventlog.cli._common import (
-    CliUsageError,
-    json_line,
-    json_object,
-    open_log,
-    short_time,
-    shown_target,
-    stdout_console,
-    summary,
-    view_decoded,
-)
+from eventlog.cli.exits import CliUsageError
+from eventlog.cli.output import json_line, stdout_console
+from eventlog.cli.targets import open_log, shown_target
+from eventlog.cli.times import short_time
+from eventlog.cli.views import json_object, summary, view_decoded
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
 from eventlog.recovery.cli.replay import group_streams

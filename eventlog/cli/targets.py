@@ -1,0 +1,70 @@
+"""Opening a command's TARGET: a file path or URL, read-only unless the command writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from eventlog.cli.exits import CliUsageError
+from eventlog.log import DEFAULT_BUSY_TIMEOUT, EventLog, open_store, resolve_url
+from eventlog.store import migrate
+
+
+def shown_target(target: str) -> str:
+    """The target as messages show it: a path as given, a URL without its password."""
+    if "://" not in target:
+        return target
+    return resolve_url(target).render_as_string(hide_password=True)
+
+
+def require_existing(target: str) -> None:
+    """Refuse a file path that does not exist, instead of creating an empty database there."""
+    if "://" not in target and not Path(target).expanduser().exists():
+        raise CliUsageError(
+            f"{target}: no such file", hint=f"create a log with `eventlog init {target}`"
+        )
+
+
+def require_parent(target: str) -> None:
+    """A new SQLite file needs its folder; say so instead of a driver error."""
+    if "://" in target:
+        return
+    parent = Path(target).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise CliUsageError(f"{target}: folder {parent} does not exist")
+
+
+BUSY_TIMEOUT_ENV = "EVENTLOG_BUSY_TIMEOUT"
+
+
+def busy_timeout() -> float:
+    """Seconds an append waits for another writer's lock (env EVENTLOG_BUSY_TIMEOUT)."""
+    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_BUSY_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86_400:
+        raise CliUsageError(f"{BUSY_TIMEOUT_ENV}={text!r}: expected seconds in 0..86400")
+    return value
+
+
+def open_log(target: str, *, create: bool = False, write: bool = False) -> EventLog:
+    """Open a log at head; without `create`, a missing file or an empty database is refused.
+
+    Unless the command creates or appends (`create`, `write`), the log is opened read-only:
+    an audit never creates, migrates or changes the file it reads.
+    """
+    if create:
+        require_parent(target)
+    else:
+        require_existing(target)
+    store = open_store(target, busy_timeout=busy_timeout(), read_only=not (create or write))
+    try:
+        migrate.ensure_at_head(store.engine, target=shown_target(target), create=create)
+    except BaseException:
+        store.close()
+        raise
+    return EventLog(store)
