@@ -13,6 +13,9 @@ from eventlog.errors import (
     InvalidEventError,
     LogRevisionError,
     SchemaError,
+    StorageError,
+    StorageIntegrityError,
+    StorageUnavailableError,
     UnknownEventTypeError,
 )
 from eventlog.events import Event, event_type
@@ -45,6 +48,9 @@ __all__ = [
     "Record",
     "RecordedEvent",
     "SchemaError",
+    "StorageError",
+    "StorageIntegrityError",
+    "StorageUnavailableError",
     "UnknownEventTypeError",
     "event_type",
 ]

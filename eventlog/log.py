@@ -47,21 +47,39 @@ def resolve_url(target: str | Path) -> sa.URL:
     return url
 
 
-def open_store(target: str | Path, durability: Durability = "full") -> SqlStore:
+DEFAULT_BUSY_TIMEOUT = 60.0
+
+
+def open_store(
+    target: str | Path,
+    durability: Durability = "full",
+    *,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    read_only: bool = False,
+) -> SqlStore:
     """The store for a target, without checking its schema revision."""
     if durability not in ("full", "normal"):
         raise InvalidEventError(f"durability must be 'full' or 'normal', found {durability!r}")
+    if (
+        isinstance(busy_timeout, bool)
+        or not isinstance(busy_timeout, int | float)
+        or not 0 <= busy_timeout <= 86_400
+    ):
+        raise InvalidEventError(
+            f"busy_timeout must be a number of seconds in 0..86400, found {busy_timeout!r}"
+        )
+    busy_ms = int(busy_timeout * 1000)
     url = resolve_url(target)
     shown = url.render_as_string(hide_password=True)
     backend = url.get_backend_name()
     if backend == "sqlite":
         from eventlog.store.sqlite import SqliteDialect
 
-        return SqlStore(SqliteDialect(url, durability), shown)
+        return SqlStore(SqliteDialect(url, durability, busy_ms, read_only=read_only), shown)
     if backend == "postgresql":
         from eventlog.store.postgres import PostgresDialect
 
-        return SqlStore(PostgresDialect(url, durability), shown)
+        return SqlStore(PostgresDialect(url, durability, busy_ms, read_only=read_only), shown)
     raise InvalidEventError(f"{shown}: unsupported backend {backend!r} (use SQLite or PostgreSQL)")
 
 
@@ -76,12 +94,25 @@ class EventLog:
 
     @classmethod
     def open(
-        cls, target: str | Path, *, durability: Durability = "full", create: bool = True
+        cls,
+        target: str | Path,
+        *,
+        durability: Durability = "full",
+        create: bool = True,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        read_only: bool = False,
     ) -> EventLog:
-        """Open a log by file path (SQLite) or SQLAlchemy URL; a new log starts at head."""
-        store = open_store(target, durability)
+        """Open a log by file path (SQLite) or SQLAlchemy URL; a new log starts at head.
+
+        `busy_timeout` (seconds) bounds how long an append waits for another writer's lock
+        (or a connection) before it fails with StorageUnavailableError. `read_only` opens
+        the log for audits: nothing is created, migrated or changed, and appends fail.
+        """
+        store = open_store(target, durability, busy_timeout=busy_timeout, read_only=read_only)
         try:
-            migrate.ensure_at_head(store.engine, target=store.target, create=create)
+            migrate.ensure_at_head(
+                store.engine, target=store.target, create=create and not read_only
+            )
         except BaseException:
             store.close()
             raise

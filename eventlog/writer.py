@@ -20,7 +20,7 @@ from collections import defaultdict
 from concurrent.futures import Future
 from typing import TypeAlias
 
-from eventlog.errors import LogClosedError
+from eventlog.errors import EventLogError, LogClosedError
 from eventlog.records import AppendResult
 from eventlog.store.base import Outcome, SqlStore, Submission
 
@@ -115,7 +115,10 @@ class GroupCommitWriter:
             outcomes = list(self._store.write([submission for submission, _ in items]))
             self.batches += 1
         except BaseException as exc:  # the whole transaction failed: everyone learns why
-            log.exception("append batch failed")
+            if isinstance(exc, EventLogError):  # typed (a storage error): the callers report it
+                log.debug("append batch of %d failed: %s", len(items), exc)
+            else:
+                log.exception("append batch failed")
             outcomes = [exc] * len(items)
         self.cpu_seconds += time.thread_time() - started
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Results], object]]]

@@ -23,17 +23,23 @@ from sqlalchemy import Connection, Engine
 from eventlog import chain
 from eventlog.errors import (
     ConcurrencyError,
+    DamagedRecordError,
     DuplicateEventError,
     EventLogError,
     InvalidEventError,
+    StorageDamagedError,
+    StorageUnavailableError,
 )
 from eventlog.records import ANY, NO_STREAM, AppendResult, ExpectedVersion, Record
+from eventlog.store.errors import translate, translating
 from eventlog.store.tables import RECORD_COLUMNS, events, log_meta, snapshots
 
 log = logging.getLogger(__name__)
 
 _ID_CHUNK = 500  # bound parameters per lookup (SQLite's limit is far above; PG has none)
 _KNOWN_STREAMS = 100_000  # versions remembered between batches (cleared when exceeded)
+_WHOLE_BATCH_FAILURES = (StorageUnavailableError, StorageDamagedError)
+"""Failures of the database, not of one submission: retrying one by one would only wait again."""
 
 # Read-side statements, built once (constructing a Core statement costs ~100 µs of Python).
 _TAIL = sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
@@ -101,6 +107,10 @@ class Dialect(Protocol):
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         """Block until something may have been appended after `after_seq`, or timeout."""
 
+    def find_damaged(self, engine: Engine, from_seq: int) -> tuple[int, str, str] | None:
+        """The first record from `from_seq` whose stored value the driver cannot read, as
+        (seq, column, what it holds); None where the database enforces column types."""
+
     def dispose(self) -> None: ...
 
 
@@ -139,26 +149,40 @@ class SqlStore:
     # -- writing ---------------------------------------------------------------------------
 
     def write(self, submissions: Sequence[Submission]) -> list[Outcome]:
-        """Commit every valid submission in one transaction; return one outcome each."""
+        """Commit every valid submission in one transaction; return one outcome each.
+
+        A storage error raises the same typed error whether the batch held one submission or
+        many. Only a refusal tied to one submission's rows (a constraint, a value the database
+        rejects) is retried one submission at a time, to isolate the culprit; a lock held past
+        the busy timeout, a lost connection or a full disk fails the whole batch once.
+        """
         try:
             return self._write_once(submissions)
         except EventLogError:
             raise
-        except Exception:
-            if len(submissions) == 1:
+        except Exception as exc:
+            typed = translate(exc, self.target)
+            if typed is None:
                 raise
-            # Something no validation foresaw (a constraint, a driver error): isolate the
-            # culprit by committing each submission on its own, so the others still land.
-            log.warning("batch of %d failed; retrying one by one", len(submissions), exc_info=True)
-            outcomes: list[Outcome] = []
-            for submission in submissions:
-                try:
-                    outcomes.extend(self._write_once([submission]))
-                except EventLogError as exc:
-                    outcomes.append(exc)
-                except Exception as exc:
-                    outcomes.append(EventLogError(f"append failed: {exc}"))
-            return outcomes
+            if len(submissions) == 1 or isinstance(typed, _WHOLE_BATCH_FAILURES):
+                raise typed from exc
+            log.warning("batch of %d failed (%s); retrying one by one", len(submissions), typed)
+        outcomes: list[Outcome] = []
+        for index, submission in enumerate(submissions):
+            try:
+                outcomes.extend(self._write_once([submission]))
+            except EventLogError as exc:
+                outcomes.append(exc)
+            except Exception as exc:
+                typed = translate(exc, self.target)
+                if typed is None:
+                    typed = EventLogError(f"{self.target}: append failed: {exc}")
+                typed.__cause__ = exc
+                if isinstance(typed, _WHOLE_BATCH_FAILURES):  # the rest would wait in vain
+                    outcomes.extend([typed] * (len(submissions) - index))
+                    break
+                outcomes.append(typed)
+        return outcomes
 
     def _connection(self) -> Connection:
         """The writer's own connection, kept open: checking one out per batch costs a reset."""
@@ -172,10 +196,11 @@ class SqlStore:
         try:
             return self._write_in(conn, submissions)
         except BaseException:
-            # After a failed commit the connection's state is not worth trusting: start afresh.
+            # After a failed commit the connection's state is not worth trusting: drop it from
+            # the pool too (a connection the server closed would fail the next batch again).
             self._writer_conn = None
             with contextlib.suppress(Exception):
-                conn.close()
+                conn.invalidate()
             raise
 
     def _write_in(self, conn: Connection, submissions: Sequence[Submission]) -> list[Outcome]:
@@ -353,20 +378,52 @@ class SqlStore:
 
     # -- reading ---------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """A read connection whose driver errors surface as typed eventlog errors."""
+        with translating(self.target), self._read_engine.connect() as conn:
+            yield conn
+
+    def _fetch(self, query: sa.Select[Any], from_seq: int) -> list[Record]:
+        """One page of records; a value the driver cannot even read is named by its seq."""
+        try:
+            with self._read_engine.connect() as conn:
+                return [_record(row) for row in conn.execute(query)]
+        except EventLogError:
+            raise
+        except Exception as exc:
+            found = self.dialect.find_damaged(self._read_engine, from_seq)
+            if found is not None:
+                seq, column, stored = found
+                raise DamagedRecordError(
+                    f"seq {seq}: column {column} holds {stored}, which eventlog never writes "
+                    "(the record was edited outside eventlog)",
+                    seq=seq,
+                    column=column,
+                ) from exc
+            typed = translate(exc, self.target)
+            if typed is None:
+                raise
+            raise typed from exc
+
     def head(self) -> int:
-        with self._read_engine.connect() as conn:
+        with self._reading() as conn:
             return int(
                 conn.execute(sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))).scalar_one()
             )
 
     def tail_chain(self) -> tuple[int, bytes]:
         """The newest seq and its chain value (the anchor to keep elsewhere)."""
-        with self._read_engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(_TAIL).first()
-        return (row[0], bytes(row[1])) if row else (0, chain.GENESIS)
+        if row is None:
+            return 0, chain.GENESIS
+        if not isinstance(row[1], bytes | memoryview):
+            raise _damaged(row[0], "chain", row[1])
+        return row[0], bytes(row[1])
 
     def stream_version(self, stream: str) -> int | None:
-        with self._read_engine.connect() as conn:
+        with self._reading() as conn:
             return self._versions(conn, [stream])[stream]
 
     def read(
@@ -391,8 +448,7 @@ class SqlStore:
             if stream_prefix is not None:
                 query = query.where(_starts_with(stream_prefix))
             query = query.order_by(events.c.seq).limit(page_size)
-            with self._read_engine.connect() as conn:
-                page = [_record(row) for row in conn.execute(query)]
+            page = self._fetch(query, next_seq)
             yield from page
             if len(page) < page_size:
                 return
@@ -425,8 +481,7 @@ class SqlStore:
                 .order_by(events.c.version)
                 .limit(page_size)
             )
-            with self._read_engine.connect() as conn:
-                page = [_record(row) for row in conn.execute(query)]
+            page = self._fetch(query, 1)
             yield from page
             if len(page) < page_size:
                 return
@@ -439,17 +494,17 @@ class SqlStore:
             .group_by(events.c.event_id)
             .having(sa.func.count() > 1)
         )
-        with self._read_engine.connect() as conn:
+        with self._reading() as conn:
             return [(row[0], row[1]) for row in conn.execute(query)]
 
     def meta(self) -> dict[str, str]:
-        with self._read_engine.connect() as conn:
+        with self._reading() as conn:
             return {key: value for key, value in conn.execute(sa.select(log_meta))}
 
     # -- snapshots -------------------------------------------------------------------------
 
     def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
-        with self._write_engine.connect() as conn, conn.begin():
+        with translating(self.target), self._write_engine.connect() as conn, conn.begin():
             conn.execute(snapshots.delete().where(snapshots.c.name == name, snapshots.c.seq == seq))
             conn.execute(
                 snapshots.insert().values(
@@ -462,7 +517,7 @@ class SqlStore:
         if at_or_before_seq is not None:
             query = query.where(snapshots.c.seq <= at_or_before_seq)
         query = query.order_by(snapshots.c.seq.desc()).limit(1)
-        with self._read_engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(query).first()
         return (int(row[0]), bytes(row[1])) if row else None
 
@@ -496,13 +551,43 @@ def _check_expected(stream: str, expected: ExpectedVersion, current: int | None)
         raise ConcurrencyError(stream, f"version {expected}", current)
 
 
+_BINARY = (bytes, memoryview)
+_EXPECTED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("seq", int),
+    ("stream", str),
+    ("version", int),
+    ("event_id", _BINARY),
+    ("type", str),
+    ("schema", int),
+    ("recorded_at", int),
+    ("payload", _BINARY),
+    ("chain", _BINARY),
+)
+_STORAGE = {str: "TEXT", bytes: "BLOB", memoryview: "BLOB", int: "INTEGER", float: "REAL"}
+
+
 def _starts_with(prefix: str) -> sa.ColumnElement[bool]:
     """`stream` begins with `prefix`, compared exactly (LIKE is case-blind on SQLite)."""
     return sa.func.substr(events.c.stream, 1, len(prefix)) == prefix
 
 
 def _record(row: Sequence[Any]) -> Record:
+    """A row as a Record; a column of the wrong storage type is named with its seq."""
     seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
+    # One boolean expression: the check runs per record read, so it stays cheap.
+    if not (
+        type(seq) is int
+        and type(stream) is str
+        and type(version) is int
+        and type(type_name) is str
+        and type(schema) is int
+        and type(recorded_at) is int
+        and isinstance(payload, _BINARY)
+        and isinstance(link, _BINARY)
+        and isinstance(event_id, _BINARY)
+        and len(event_id) == 16
+    ):
+        raise _damaged_row(row)
     return Record(
         seq=seq,
         stream=stream,
@@ -513,4 +598,30 @@ def _record(row: Sequence[Any]) -> Record:
         recorded_at=recorded_at,
         payload=bytes(payload),
         chain=bytes(link),
+    )
+
+
+def _damaged_row(row: Sequence[Any]) -> DamagedRecordError:
+    seq = row[0]
+    for (column, expected), value in zip(_EXPECTED, row, strict=True):
+        if not isinstance(value, expected) or isinstance(value, bool):
+            return _damaged(seq, column, value)
+    return DamagedRecordError(
+        f"seq {seq}: event_id holds {len(row[3])} bytes, expected 16 "
+        "(the record was edited outside eventlog)",
+        seq=seq if type(seq) is int else 0,
+        column="event_id",
+    )
+
+
+def _damaged(seq: object, column: str, value: object) -> DamagedRecordError:
+    stored = _STORAGE.get(type(value), "NULL" if value is None else type(value).__name__)
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return DamagedRecordError(
+        f"seq {seq}: column {column} holds {stored} {shown}, which eventlog never writes "
+        "(the record was edited outside eventlog)",
+        seq=seq if type(seq) is int else 0,
+        column=column,
     )

@@ -9,9 +9,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, inspect
 
 from eventlog.errors import LogRevisionError
+from eventlog.store.errors import translating
+from eventlog.store.postgres import MIGRATION_LOCK_SQL
 
 
 def migrations_dir() -> Path:
@@ -65,8 +67,15 @@ def known_revisions(engine: Engine) -> set[str]:
 
 def refuse_foreign_or_newer(engine: Engine, *, target: str, current: str | None) -> None:
     """Refuse a database eventlog did not make, or one a newer eventlog migrated."""
+    with engine.connect() as conn:
+        _refuse_foreign_or_newer(conn, engine, target=target, current=current)
+
+
+def _refuse_foreign_or_newer(
+    conn: Connection, engine: Engine, *, target: str, current: str | None
+) -> None:
     if current is None:
-        if "events" in inspect(engine).get_table_names():
+        if "events" in inspect(conn).get_table_names():
             raise LogRevisionError(
                 f"{target}: has an events table but no alembic revision; "
                 "it was not made by eventlog"
@@ -81,20 +90,38 @@ def refuse_foreign_or_newer(engine: Engine, *, target: str, current: str | None)
 
 
 def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
-    """Create an empty log at head, accept one at head, refuse anything else with the fix."""
-    current = current_revision(engine)
-    head = head_revision(engine)
-    if current == head:
-        return
-    refuse_foreign_or_newer(engine, target=target, current=current)
-    if current is None:
-        if not create:
+    """Create an empty log at head, accept one at head, refuse anything else with the fix.
+
+    Creation is serialized across processes (SQLite's write lock, taken by the writer
+    engine's `BEGIN IMMEDIATE`; a PostgreSQL advisory lock) and the revision is read again
+    under it, so any number of processes may open one new log at once: one creates it, the
+    others find it at head. Without `create` nothing is locked or written.
+    """
+    with translating(target):
+        head = head_revision(engine)
+        current = current_revision(engine)
+        if current == head:
+            return
+        if create and current is None:
+            with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.exec_driver_sql(MIGRATION_LOCK_SQL)
+                current = MigrationContext.configure(conn).get_current_revision()
+                if current == head:  # another process created it while we waited
+                    return
+                _refuse_foreign_or_newer(conn, engine, target=target, current=current)
+                if current is None:
+                    config = _config(engine)
+                    config.attributes["connection"] = conn
+                    command.upgrade(config, "head")
+                    return
+        else:
+            refuse_foreign_or_newer(engine, target=target, current=current)
+        if current is None:
             raise LogRevisionError(
                 f"{target}: no eventlog log here", hint=f"run `eventlog db upgrade {target}`"
             )
-        upgrade(engine)
-        return
-    raise LogRevisionError(
-        f"{target}: log is at schema revision {current}, this eventlog needs {head}",
-        hint=f"run `eventlog db upgrade {target}`",
-    )
+        raise LogRevisionError(
+            f"{target}: log is at schema revision {current}, this eventlog needs {head}",
+            hint=f"run `eventlog db upgrade {target}`",
+        )

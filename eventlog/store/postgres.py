@@ -17,6 +17,8 @@ Durability = Literal["full", "normal"]
 
 LOCK_KEY = 0x6576656E746C6F67  # "eventlog" in ASCII; any constant shared by all writers
 CHANNEL = "eventlog_appended"
+MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({LOCK_KEY + 1})"
+"""Serializes creating and migrating a log (kept apart from the writers' lock)."""
 
 _INSERT = (
     "INSERT INTO events (seq, stream, version, event_id, type, schema, recorded_at, payload, chain)"
@@ -25,34 +27,59 @@ _INSERT = (
 
 
 class PostgresDialect:
-    """`durability="normal"` turns off synchronous_commit for the writer's session only."""
+    """`durability="normal"` turns off synchronous_commit for the writer's session only.
+
+    `busy_timeout_ms` bounds how long a session waits for a lock (the writers' advisory lock
+    included: `lock_timeout`) and for a connection; `read_only` makes every transaction
+    read-only, so an audit cannot change the database whatever it runs.
+    """
 
     name = "postgresql"
     insert_sql = _INSERT
     placeholder = "%s"
 
-    def __init__(self, url: sa.URL, durability: Durability) -> None:
+    def __init__(
+        self,
+        url: sa.URL,
+        durability: Durability,
+        busy_timeout_ms: int = 60_000,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.url = url
         self.durability = durability
+        self.busy_timeout_ms = busy_timeout_ms
+        self.read_only = read_only
         self._engines: list[Engine] = []
         self._listener: Any = None
         self._listener_lock = threading.Lock()
 
     def write_engine(self) -> Engine:
-        engine = sa.create_engine(self.url, pool_size=1, max_overflow=4)
-        if self.durability == "normal":
-
-            @event.listens_for(engine, "connect")
-            def _relaxed(dbapi_connection: Any, _record: Any) -> None:
-                with dbapi_connection.cursor() as cursor:
-                    cursor.execute("SET synchronous_commit = off")
-                dbapi_connection.commit()
-
-        self._engines.append(engine)
-        return engine
+        return self._engine(pool_size=1, max_overflow=4, writer=True)
 
     def read_engine(self) -> Engine:
-        engine = sa.create_engine(self.url, pool_size=4, max_overflow=16)
+        return self._engine(pool_size=4, max_overflow=16, writer=False)
+
+    def _engine(self, *, pool_size: int, max_overflow: int, writer: bool) -> Engine:
+        settings = [f"SET lock_timeout = {int(self.busy_timeout_ms)}"]
+        if writer and self.durability == "normal":
+            settings.append("SET synchronous_commit = off")
+        if self.read_only:
+            settings.append("SET default_transaction_read_only = on")
+        engine = sa.create_engine(
+            self.url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            connect_args={"connect_timeout": max(1, -(-self.busy_timeout_ms // 1000))},
+        )
+
+        @event.listens_for(engine, "connect")
+        def _configure(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                for statement in settings:
+                    cursor.execute(statement)
+            dbapi_connection.commit()
+
         self._engines.append(engine)
         return engine
 
@@ -76,6 +103,10 @@ class PostgresDialect:
             listener = self._listener
         for _ in listener.notifies(timeout=timeout, stop_after=1):
             break
+
+    def find_damaged(self, engine: Engine, from_seq: int) -> tuple[int, str, str] | None:
+        """PostgreSQL enforces column types: a stored value always reads back."""
+        return None
 
     def dispose(self) -> None:
         with self._listener_lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,42 +19,90 @@ _INSERT = (
 )
 
 
+# The storage type each column holds when eventlog wrote it (SQLite's typeof()).
+_TYPES = (
+    ("stream", "text"),
+    ("version", "integer"),
+    ("event_id", "blob"),
+    ("type", "text"),
+    ("schema", "integer"),
+    ("recorded_at", "integer"),
+    ("payload", "blob"),
+    ("chain", "blob"),
+)
+_TYPEOF_SQL = (
+    "SELECT seq, "
+    + ", ".join(f"typeof({column})" for column, _ in _TYPES)
+    + ", stream, type FROM events WHERE seq >= ? ORDER BY seq"
+)
+
+
 class SqliteDialect:
-    """WAL + synchronous=FULL by default: a returned append survives power loss."""
+    """WAL + synchronous=FULL by default: a returned append survives power loss.
+
+    `read_only` opens the file with SQLite's `mode=ro`: nothing (not even the journal mode)
+    is written, so an audit leaves the file's bytes as they were, or is refused.
+    """
 
     name = "sqlite"
     insert_sql = _INSERT
     placeholder = "?"
 
-    def __init__(self, url: sa.URL, durability: Durability, busy_timeout_ms: int = 60_000) -> None:
+    def __init__(
+        self,
+        url: sa.URL,
+        durability: Durability,
+        busy_timeout_ms: int = 60_000,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.url = url
         self.path = Path(url.database or "")
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
+        self.read_only = read_only
         self._engines: list[Engine] = []
+
+    def _create_engine(self, pool_size: int, max_overflow: int) -> Engine:
+        if not self.read_only:
+            return sa.create_engine(self.url, pool_size=pool_size, max_overflow=max_overflow)
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+        return sa.create_engine(
+            "sqlite://",
+            creator=connect,
+            poolclass=sa.QueuePool,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+        )
 
     def write_engine(self) -> Engine:
         # One pooled connection for the writer thread; IMMEDIATE takes the file's write lock
         # at BEGIN, so the head we read is the head we extend, whatever other processes do.
-        engine = sa.create_engine(self.url, pool_size=1, max_overflow=4)
+        engine = self._create_engine(pool_size=1, max_overflow=4)
         self._install(engine, "BEGIN IMMEDIATE")
         return engine
 
     def read_engine(self) -> Engine:
-        engine = sa.create_engine(self.url, pool_size=4, max_overflow=16)
+        engine = self._create_engine(pool_size=4, max_overflow=16)
         self._install(engine, "BEGIN")
         return engine
 
     def _install(self, engine: Engine, begin: str) -> None:
         synchronous = "FULL" if self.durability == "full" else "NORMAL"
         busy = self.busy_timeout_ms
+        read_only = self.read_only
 
         @event.listens_for(engine, "connect")
         def _configure(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             cursor.execute(f"PRAGMA busy_timeout = {busy}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            if not read_only:  # an audit must not switch a file's journal mode
+                cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute(f"PRAGMA synchronous = {synchronous}")
             cursor.close()
 
@@ -74,6 +123,28 @@ class SqliteDialect:
         # Polling is what SQLite offers across processes; 20 ms keeps tail latency low
         # while costing one indexed max(seq) lookup per poll.
         time.sleep(min(timeout, 0.02))
+
+    def find_damaged(self, engine: Engine, from_seq: int) -> tuple[int, str, str] | None:
+        """Scan with typeof() and raw bytes, which never fail to decode, for the first bad row."""
+        with engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert isinstance(dbapi, sqlite3.Connection)
+            saved = dbapi.text_factory
+            dbapi.text_factory = bytes
+            try:
+                cursor = dbapi.execute(_TYPEOF_SQL, (from_seq,))
+                for seq, *found in cursor:
+                    for (column, wanted), stored in zip(_TYPES, found, strict=False):
+                        if stored.decode() != wanted:
+                            return seq, column, stored.decode().upper()
+                    for column, value in (("stream", found[-2]), ("type", found[-1])):
+                        try:
+                            value.decode("utf-8")
+                        except UnicodeDecodeError:
+                            return seq, column, "TEXT that is not UTF-8"
+            finally:
+                dbapi.text_factory = saved
+        return None
 
     def dispose(self) -> None:
         for engine in self._engines:

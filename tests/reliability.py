@@ -1,0 +1,63 @@
+"""Helpers the reliability tests share: another process holding the log's write lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from eventlog.log import resolve_url
+from eventlog.store.postgres import LOCK_KEY
+
+_SQLITE_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+"""
+
+_POSTGRES_HOLDER = f"""
+import psycopg, sys
+conn = psycopg.connect(sys.argv[1])
+conn.execute("SELECT pg_advisory_xact_lock({LOCK_KEY})")
+print("locked", flush=True)
+sys.stdin.read()
+conn.rollback()
+"""
+
+
+def libpq_url(target: str) -> str:
+    """A SQLAlchemy PostgreSQL URL as psycopg's conninfo."""
+    url = resolve_url(target).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+@contextmanager
+def write_lock_held(target: str) -> Iterator[None]:
+    """Another process holds the log's write lock until the block ends (stopped by PID)."""
+    if "://" in target:
+        code, argument = _POSTGRES_HOLDER, libpq_url(target)
+    else:
+        code, argument = _SQLITE_HOLDER, target
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), argument],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()

@@ -1,0 +1,132 @@
+"""One error contract: a held lock, a lost connection or a refused write raise the same typed
+error whether the append was alone or in a batch, within the busy timeout, and the CLI maps it
+to exit 6 with one line and no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eventlog import EventLog
+from eventlog.cli._common import ExitCode, exit_code_for
+from eventlog.cli.main import main
+from eventlog.errors import (
+    InvalidEventError,
+    StorageDamagedError,
+    StorageError,
+    StorageIntegrityError,
+    StorageUnavailableError,
+)
+from tests.reliability import write_lock_held
+from tests.vocabulary import LogNote
+
+BUSY = 0.5
+CALLERS = 16
+
+
+def test_a_held_write_lock_fails_a_lone_append_typed_within_the_busy_timeout(
+    log_target: str,
+) -> None:
+    with EventLog.open(log_target, busy_timeout=BUSY) as log:
+        log.append("s", [LogNote(text="before")])
+        with write_lock_held(log_target):
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailableError) as caught:
+                log.append("s", [LogNote(text="blocked")])
+            elapsed = time.monotonic() - started
+        assert BUSY * 0.8 <= elapsed < BUSY + 2.0
+        assert exit_code_for(caught.value) == ExitCode.DATABASE
+        assert log.head() == 1  # nothing of the failed append landed
+        assert log.append("s", [LogNote(text="after")]).seqs == [2]  # and the log goes on
+
+
+def test_a_held_write_lock_fails_every_caller_of_a_batch_once_not_one_by_one(
+    log_target: str,
+) -> None:
+    """N concurrent callers hear back after about one busy timeout, never (N + 1) of them."""
+
+    async def appends(log: EventLog) -> list[BaseException | object]:
+        tasks = [log.append_async(f"s{i}", [LogNote(text="x", n=i)]) for i in range(CALLERS)]
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    with EventLog.open(log_target, busy_timeout=BUSY) as log:
+        with write_lock_held(log_target):
+            started = time.monotonic()
+            outcomes = asyncio.run(appends(log))
+            elapsed = time.monotonic() - started
+        assert all(isinstance(o, StorageUnavailableError) for o in outcomes), outcomes
+        # Batches form while the first waits: two or three waits at most, far below the
+        # (CALLERS + 1) waits a one-by-one retry costs.
+        assert elapsed < 4 * BUSY, f"{CALLERS} callers took {elapsed:.2f} s"
+        assert log.head() == 0
+
+
+def test_cli_append_against_a_held_lock_exits_6_with_one_line(tmp_path: Path) -> None:
+    target = str(tmp_path / "log.db")
+    EventLog.open(target).close()
+    line = '{"stream": "s", "type": "LogNote", "data": {"text": "x"}}\n'
+    with write_lock_held(target):
+        result = CliRunner().invoke(
+            main,
+            ["--events-module", "tests.vocabulary", "append", target],
+            input=line,
+            env={"EVENTLOG_BUSY_TIMEOUT": str(BUSY)},
+            catch_exceptions=False,
+        )
+    assert result.exit_code == 6 == ExitCode.DATABASE.value
+    assert result.stderr.startswith(f"error: {target}: database unavailable: database is locked")
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_cli_rejects_a_busy_timeout_that_is_not_seconds(tmp_path: Path) -> None:
+    target = str(tmp_path / "log.db")
+    EventLog.open(target).close()
+    result = CliRunner().invoke(
+        main, ["info", target], env={"EVENTLOG_BUSY_TIMEOUT": "soon"}, catch_exceptions=False
+    )
+    assert result.exit_code == ExitCode.USAGE
+    assert "EVENTLOG_BUSY_TIMEOUT='soon'" in result.stderr
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), "5", True, 10**9])
+def test_open_rejects_a_busy_timeout_that_is_not_seconds(tmp_path: Path, value: object) -> None:
+    with pytest.raises(InvalidEventError, match="busy_timeout"):
+        EventLog.open(tmp_path / "log.db", busy_timeout=value)  # type: ignore[arg-type]
+    assert not (tmp_path / "log.db").exists()
+
+
+def test_a_file_that_is_not_a_database_is_a_typed_damaged_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"not a database " * 400)
+    with pytest.raises(StorageDamagedError, match="not a database") as caught:
+        EventLog.open(path)
+    assert exit_code_for(caught.value) == ExitCode.DATABASE
+
+
+def test_an_unreachable_server_is_storage_unavailable() -> None:
+    with pytest.raises(StorageUnavailableError, match="database unavailable"):
+        EventLog.open("postgresql://nobody@127.0.0.1:1/none", busy_timeout=1)
+
+
+def test_storage_errors_are_one_family_under_exit_6() -> None:
+    for cls in (StorageUnavailableError, StorageIntegrityError, StorageDamagedError):
+        assert issubclass(cls, StorageError)
+        assert exit_code_for(cls("x")) == ExitCode.DATABASE
+
+
+def test_the_writer_does_not_log_a_traceback_for_a_typed_storage_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = str(tmp_path / "log.db")
+    with (
+        EventLog.open(target, busy_timeout=0.2) as log,
+        write_lock_held(target),
+        pytest.raises(StorageUnavailableError),
+    ):
+        asyncio.run(log.append_async("s", [LogNote(text="x")]))
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
