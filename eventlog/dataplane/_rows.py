@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from eventlog.dataplane.protocol import RESERVED_TAG_PREFIX, Row
 from eventlog.recovery.errors import DataPlaneError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ def check_rows(
     tags: Mapping[str, Mapping[str, str]] | None,
 ) -> list[CheckedRow]:
     """Validate a put whole, before anything is written; raise DataPlaneError naming the key."""
+    import torch  # here, not at module level: an import of the plane must not load torch
+
     check_partition(partition)
     tags = tags or {}
     unknown = sorted(set(tags) - set(rows))

@@ -4,6 +4,9 @@ It keeps rows in a dict guarded by a lock and copies tensors on the way in and o
 caller can never change stored rows by mutating what it put or read (as with TQ, where rows
 cross a process boundary). Checkpoints are files, so a restore in a fresh process works
 after the process that saved them was killed.
+
+torch is imported where rows or checkpoint files are handled, not at import: the plane's
+module loads without it (rows are tensors, so a caller that has rows has torch already).
 """
 
 from __future__ import annotations
@@ -13,19 +16,21 @@ import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from eventlog.dataplane._rows import check_keys, check_partition, check_rows
 from eventlog.dataplane.protocol import DataPlaneCheckpoint, Row, inventory_digest
 from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 
+if TYPE_CHECKING:
+    import torch
+
+    _Stored = tuple[dict[str, torch.Tensor], dict[str, str]]
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "memory-dataplane.pt"
 _FORMAT = 1
-
-_Stored = tuple[dict[str, torch.Tensor], dict[str, str]]
 
 
 class InMemoryDataPlane:
@@ -126,6 +131,8 @@ class InMemoryDataPlane:
                 f"data-plane checkpoint {checkpoint.ref!r}: expected file {CHECKPOINT_FILE}, "
                 "found none (not an in-memory data-plane checkpoint?)"
             )
+        import torch
+
         try:
             payload = torch.load(path, weights_only=True)
         except Exception as exc:  # torch raises many types for a corrupt file
@@ -160,6 +167,8 @@ def _clone(fields: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _write_atomically(path: Path, payload: object) -> None:
     """Write to a temporary file, fsync, rename over `path`, fsync the directory."""
+    import torch
+
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(payload, f)
