@@ -40,16 +40,9 @@ from eventlog.recovery.vocabulary import (
     group_stream,
     rollout_id_for,
 )
-from projections.audit import (
-    AuditState,
-    KeyReport,
-    audit,
-    fold_audit,
-    group_of_rollout,
-    group_timeline,
-    report,
-    summarize_group,
-)
+from projections.audit import group_of_rollout
+from projections.audit_group import group_timeline, summarize_group
+from projections.audit_stats import AuditState, KeyReport, audit, fold_audit, report
 from projections.history import RolledBack
 
 MS = 1_000_000

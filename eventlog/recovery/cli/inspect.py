@@ -25,7 +25,7 @@ from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
 from eventlog.recovery.cli.replay import group_streams
 from eventlog.recovery.vocabulary import CONTROLLER_STREAM, group_stream
-from projections.audit import GroupSummary, TimelineEntry, group_timeline, summarize_group
+from projections.audit_group import GroupSummary, TimelineEntry, group_timeline, summarize_group
 from projections.history import RolledBack, rolled_back
 
 

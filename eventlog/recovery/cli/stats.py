@@ -13,15 +13,8 @@ from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import Record
 from eventlog.recovery.vocabulary import CONTROLLER_STREAM
-from projections.audit import (
-    AUDIT_TYPES,
-    RECOVERY_TYPES,
-    AuditReport,
-    AuditState,
-    KeyReport,
-    fold_audit,
-    report,
-)
+from projections.audit import AUDIT_TYPES, RECOVERY_TYPES
+from projections.audit_stats import AuditReport, AuditState, KeyReport, fold_audit, report
 from projections.history import RolledBack, rolled_back
 
 
