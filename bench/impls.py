@@ -213,7 +213,7 @@ class EventsourcingAppender:
 
             def _create_connection(self) -> SQLiteConnection:
                 connection = super()._create_connection()
-                connection._sqlite_conn.execute(f"PRAGMA synchronous = {synchronous}")
+                connection.cursor().execute(f"PRAGMA synchronous = {synchronous}")
                 return connection
 
         size = max(2, writers)

@@ -11,8 +11,9 @@ Both survive re-parenting after the process that called ``ray.init`` died. Match
 never on a process name, means we only ever kill what we started (so keep no files of your own
 open under ROOT).
 
-Usable without Ray installed: ``python -m eventlog.dataplane.raysession ROOT`` kills every
-session whose temp dir lies under ROOT and prints the PIDs (for CI wrappers and the demo).
+Processes are found through psutil. Usable without Ray installed:
+``python -m eventlog.dataplane.raysession ROOT`` kills every session whose temp dir lies under
+ROOT and prints the PIDs (for CI wrappers and the demo).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
-from pathlib import Path
+
+import click
+import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -31,37 +33,25 @@ MARKER_ENV = "EVENTLOG_RAY_SESSION"
 """Environment variable whose value is the temp dir of the Ray session a process belongs to."""
 
 
-def _marker(pid: int) -> str | None:
+def _marker(proc: psutil.Process) -> str | None:
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, a zombie, or not ours to read
+        marker: str | None = proc.environ().get(MARKER_ENV)
+    except psutil.Error:  # gone, a zombie, or not ours to read
         return None
-    prefix = MARKER_ENV.encode() + b"="
-    for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None
+    return marker
 
 
-def _holds_file_under(pid: int, root: str) -> bool:
-    fd_dir = f"/proc/{pid}/fd"
+def _holds_file_under(proc: psutil.Process, root: str) -> bool:
     try:
-        fds = os.listdir(fd_dir)
-    except OSError:
+        files = proc.open_files()
+    except psutil.Error:
         return False
-    for fd in fds:
-        try:
-            target = os.readlink(f"{fd_dir}/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/") and _under(target, root):
-            return True
-    return False
+    return any(_under(f.path, root) for f in files)
 
 
-def _belongs(pid: int, root: str) -> bool:
-    marker = _marker(pid)
-    return (marker is not None and _under(marker, root)) or _holds_file_under(pid, root)
+def _belongs(proc: psutil.Process, root: str) -> bool:
+    marker = _marker(proc)
+    return (marker is not None and _under(marker, root)) or _holds_file_under(proc, root)
 
 
 def _under(path: str, root: str) -> bool:
@@ -73,25 +63,23 @@ def _under(path: str, root: str) -> bool:
 def _alive(pid: int) -> bool:
     """True unless the process is gone or a zombie (dead, waiting to be reaped)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        status = psutil.Process(pid).status()
+    except psutil.AccessDenied:  # someone else's process: it exists
+        return True
+    except psutil.NoSuchProcess:  # ZombieProcess is one too
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X")
+    return status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def session_pids(root: str) -> list[int]:
     """PIDs of live processes of the Ray session(s) at or under `root` (see module doc)."""
     me = os.getpid()
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for proc in psutil.process_iter():
+        if proc.pid == me:
             continue
-        pid = int(entry.name)
-        if pid == me:
-            continue
-        if _alive(pid) and _belongs(pid, root):
-            pids.append(pid)
+        if _alive(proc.pid) and _belongs(proc, root):
+            pids.append(proc.pid)
     return sorted(pids)
 
 
@@ -103,10 +91,14 @@ def _reap(pid: int) -> None:
 
 def _signal(pid: int, root: str, sig: signal.Signals) -> None:
     # Check again right before signalling: the PID may have been reused.
-    if not _belongs(pid, root):
+    try:
+        proc = psutil.Process(pid)
+    except psutil.Error:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
+    if not _belongs(proc, root):
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.send_signal(sig)
 
 
 def kill_ray_session(root: str, *, grace_s: float = 3.0) -> list[int]:
@@ -139,15 +131,21 @@ def kill_ray_session(root: str, *, grace_s: float = 3.0) -> list[int]:
     return pids
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Kill the Ray sessions under each ROOT given; exit 2 on bad usage."""
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        sys.stderr.write("usage: python -m eventlog.dataplane.raysession ROOT [ROOT...]\n")
-        return 2
-    for root in args:
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("roots", nargs=-1, required=True, metavar="ROOT...")
+def command(roots: tuple[str, ...]) -> None:
+    """Kill every Ray session whose temp dir lies under each ROOT; print the PIDs stopped."""
+    for root in roots:
         killed = kill_ray_session(root)
-        sys.stdout.write(f"{root}: stopped {len(killed)} Ray processes {killed}\n")
+        click.echo(f"{root}: stopped {len(killed)} Ray processes {killed}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `command` and return its exit status (2 on bad usage) instead of exiting."""
+    try:
+        command.main(args=argv, prog_name="python -m eventlog.dataplane.raysession")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 
