@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+import sqlalchemy as sa
 
 from eventlog.log import resolve_url
 from eventlog.store.postgres import LOCK_KEY
@@ -61,3 +64,22 @@ def write_lock_held(target: str) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait()
+
+
+_DROP_APPEND_ONLY = {
+    "sqlite": (
+        "DROP TRIGGER IF EXISTS events_no_update",
+        "DROP TRIGGER IF EXISTS events_no_delete",
+    ),
+    "postgresql": ("ALTER TABLE events DISABLE TRIGGER USER",),
+}
+
+
+def drop_append_only(conn: sa.Connection | sqlite3.Connection) -> None:
+    """Remove the append-only triggers, as someone tampering with the log would first."""
+    if isinstance(conn, sqlite3.Connection):
+        for statement in _DROP_APPEND_ONLY["sqlite"]:
+            conn.execute(statement)
+        return
+    for statement in _DROP_APPEND_ONLY[conn.dialect.name]:
+        conn.exec_driver_sql(statement)

@@ -45,6 +45,7 @@ from eventlog.errors import (
 from eventlog.recovery.errors import ConfigError, LedgerRuleError
 from eventlog.store import migrate
 from tests.cli_vocabulary import CliAttempt, CliDispatched, CliMeasured, CliNote, CliRef
+from tests.reliability import drop_append_only
 
 REPO = Path(__file__).resolve().parents[1]
 EVENTLOG = Path(sys.executable).with_name("eventlog")
@@ -71,6 +72,7 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 def sql(path: str, *statements: str | tuple[str, tuple[Any, ...]]) -> None:
     with sqlite3.connect(path) as conn:
+        drop_append_only(conn)  # as anyone tampering with the file would first
         for statement in statements:
             if isinstance(statement, tuple):
                 conn.execute(*statement)

@@ -16,6 +16,7 @@ from eventlog import EventLog, codec
 from eventlog.errors import FutureSchemaError, InvalidEventError, SchemaError, UnknownEventTypeError
 from eventlog.events import Event, event_type, event_types
 from eventlog.log import resolve_url
+from tests.reliability import drop_append_only
 from tests.strategies import events_of
 from tests.vocabulary import LogNote
 
@@ -94,6 +95,7 @@ def test_reading_a_record_of_an_unknown_type_fails_with_its_seq(tmp_path: Path) 
         log.append("s", [LogNote(text="a"), LogNote(text="b")])
     engine = sa.create_engine(resolve_url(target))
     with engine.begin() as conn:
+        drop_append_only(conn)
         conn.execute(sa.text("UPDATE events SET type = 'FromTheFuture' WHERE seq = 2"))
     engine.dispose()
     with EventLog.open(target) as log:

@@ -40,6 +40,7 @@ from eventlog.recovery.vocabulary import (
     group_stream,
 )
 from projections.siblings import LedgerState, RuleViolation, fold_all
+from tests.reliability import drop_append_only
 
 
 def reserved(
@@ -274,6 +275,7 @@ def test_reopening_a_log_with_a_rule_breaking_record_names_its_seq(
 
 def _edit_payload(path: Path, seq: int, edit: Callable[[dict[str, object]], None]) -> None:
     with sqlite3.connect(path) as db:
+        drop_append_only(db)
         (payload,) = db.execute("SELECT payload FROM events WHERE seq = ?", (seq,)).fetchone()
         data = msgspec.msgpack.decode(payload)
         edit(data)

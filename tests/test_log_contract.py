@@ -30,6 +30,7 @@ from eventlog import (
 from eventlog.log import resolve_url
 from eventlog.store import migrate
 from eventlog.store.postgres import LOCK_KEY
+from tests.reliability import drop_append_only
 from tests.vocabulary import LogNote
 
 
@@ -344,6 +345,7 @@ def test_intact_log_verifies_and_reports_its_anchor(log: EventLog) -> None:
 def test_edited_payload_is_named_by_seq(log_target: str) -> None:
     _fill(log_target)
     with raw_engine(log_target).begin() as conn:
+        drop_append_only(conn)
         payload = conn.execute(sa.text("SELECT payload FROM events WHERE seq = 6")).scalar_one()
         tampered = bytes(payload).replace(b"note 5", b"note X")
         conn.execute(sa.text("UPDATE events SET payload = :p WHERE seq = 6"), {"p": tampered})
@@ -353,6 +355,7 @@ def test_edited_payload_is_named_by_seq(log_target: str) -> None:
 def test_deleted_row_is_named_by_seq(log_target: str) -> None:
     _fill(log_target)
     with raw_engine(log_target).begin() as conn:
+        drop_append_only(conn)
         conn.execute(sa.text("DELETE FROM events WHERE seq = 4"))
     first, kinds = _verify_first_bad(log_target)
     assert first == 4 and kinds[0] == "gap"
@@ -361,6 +364,7 @@ def test_deleted_row_is_named_by_seq(log_target: str) -> None:
 def test_swapped_rows_are_named_by_seq(log_target: str) -> None:
     _fill(log_target)
     with raw_engine(log_target).begin() as conn:
+        drop_append_only(conn)
         conn.execute(sa.text("UPDATE events SET seq = -1 WHERE seq = 3"))
         conn.execute(sa.text("UPDATE events SET seq = 3 WHERE seq = 8"))
         conn.execute(sa.text("UPDATE events SET seq = 8 WHERE seq = -1"))

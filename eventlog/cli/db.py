@@ -1,20 +1,22 @@
-"""`eventlog db`: the log's schema revision (alembic) — see it, upgrade it, downgrade it."""
+"""`eventlog db`: the log's schema revision (alembic) — see it, upgrade it, downgrade it —
+and, on PostgreSQL, the roles that may write and audit it."""
 
 from __future__ import annotations
 
 import click
 from alembic.util.exc import CommandError
 
-from eventlog.cli.exits import ExitCode
+from eventlog.cli.exits import CliUsageError, ExitCode
 from eventlog.cli.targets import require_existing, require_parent, shown_target
 from eventlog.errors import LogRevisionError
 from eventlog.log import open_store
 from eventlog.store import migrate
+from eventlog.store.errors import translating
 
 
 @click.group()
 def db() -> None:
-    """The log's schema revision: current, upgrade, downgrade."""
+    """The log's schema revision: current, upgrade, downgrade; PostgreSQL roles: grant."""
 
 
 def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, str | None]:
@@ -22,14 +24,17 @@ def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, st
     shown = shown_target(target)
     store = open_store(target)
     try:
-        before = migrate.current_revision(store.engine)
-        migrate.refuse_foreign_or_newer(store.engine, target=shown, current=before)
-        step = migrate.upgrade if direction == "upgrade" else migrate.downgrade
-        try:
-            step(store.engine, revision)
-        except CommandError as exc:
-            raise LogRevisionError(f"{shown}: cannot {direction} to {revision!r}: {exc}") from exc
-        return before, migrate.current_revision(store.engine)
+        with translating(shown):
+            before = migrate.current_revision(store.engine)
+            migrate.refuse_foreign_or_newer(store.engine, target=shown, current=before)
+            step = migrate.upgrade if direction == "upgrade" else migrate.downgrade
+            try:
+                step(store.engine, revision)
+            except CommandError as exc:
+                raise LogRevisionError(
+                    f"{shown}: cannot {direction} to {revision!r}: {exc}"
+                ) from exc
+            return before, migrate.current_revision(store.engine)
     finally:
         store.close()
 
@@ -65,11 +70,12 @@ def current(ctx: click.Context, target: str, check: bool) -> None:
     """Print TARGET's schema revision and the newest one this eventlog knows."""
     require_existing(target)
     shown = shown_target(target)
-    store = open_store(target)
+    store = open_store(target, read_only=True)
     try:
-        now = migrate.current_revision(store.engine)
-        head = migrate.head_revision(store.engine)
-        known = migrate.known_revisions(store.engine)
+        with translating(shown):
+            now = migrate.current_revision(store.engine)
+            head = migrate.head_revision(store.engine)
+            known = migrate.known_revisions(store.engine)
     finally:
         store.close()
     if now == head:
@@ -85,3 +91,52 @@ def current(ctx: click.Context, target: str, check: bool) -> None:
     click.echo(f"status:  {state}")
     if check and now != head:
         ctx.exit(ExitCode.REVISION_OR_SCHEMA)
+
+
+@db.command()
+@click.argument("target")
+@click.option("--writer", metavar="NAME", help="Role that may append and read (INSERT, SELECT).")
+@click.option("--auditor", metavar="NAME", help="Role that may only read (SELECT).")
+def grant(target: str, writer: str | None, auditor: str | None) -> None:
+    """Give PostgreSQL roles the least the log needs: a writer appends, an auditor reads.
+
+    Neither may UPDATE, DELETE or TRUNCATE a record (nor may anyone else: the append-only
+    triggers refuse it). Missing roles are created (LOGIN, no password). Run as the log's
+    owner; granting again resets the roles' privileges on the log to these.
+    """
+    shown = shown_target(target)
+    if "://" not in target:
+        raise CliUsageError(
+            f"{shown}: roles exist on PostgreSQL only",
+            hint="on SQLite the file's permissions decide who may write; the append-only "
+            "triggers refuse UPDATE and DELETE of records",
+        )
+    if writer is None and auditor is None:
+        raise CliUsageError("name a role: --writer NAME and/or --auditor NAME")
+    for option, name in (("--writer", writer), ("--auditor", auditor)):
+        if name is not None and not 0 < len(name) <= _MAX_ROLE_NAME:
+            raise CliUsageError(f"{option} {name!r}: a role name has 1 to 63 characters")
+    if writer is not None and writer == auditor:
+        raise CliUsageError(f"--writer and --auditor are both {writer!r}: use two roles")
+    from eventlog.store.postgres import grant_roles
+
+    store = open_store(target)
+    try:
+        with translating(shown):
+            now = migrate.current_revision(store.engine)
+            if now != migrate.head_revision(store.engine):
+                raise LogRevisionError(
+                    f"{shown}: no eventlog log at head here (revision {now or '(empty)'})",
+                    hint=f"run `eventlog db upgrade {shown}` first",
+                )
+            try:
+                granted = grant_roles(store.engine, writer=writer, auditor=auditor)
+            except ValueError as exc:
+                raise CliUsageError(f"{shown}: {exc}") from exc
+    finally:
+        store.close()
+    for name, privileges in granted.items():
+        click.echo(f"{name}: {privileges}")
+
+
+_MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1

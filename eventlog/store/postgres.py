@@ -115,3 +115,64 @@ class PostgresDialect:
                 self._listener = None
         for engine in self._engines:
             engine.dispose()
+
+
+LOG_TABLES = ("events", "log_meta", "snapshots", "alembic_version")
+WRITER_PRIVILEGES = {
+    "events": "SELECT, INSERT",
+    "log_meta": "SELECT",
+    "snapshots": "SELECT, INSERT, DELETE",  # a projection cache, replaced in place; not evidence
+    "alembic_version": "SELECT",
+}
+AUDITOR_PRIVILEGES = dict.fromkeys(LOG_TABLES, "SELECT")
+
+
+def grant_roles(engine: Engine, *, writer: str | None, auditor: str | None) -> dict[str, str]:
+    """Give `writer` INSERT/SELECT and `auditor` SELECT on the log, and nothing more.
+
+    Roles are created (LOGIN, no password: set one, or use another authentication) when
+    missing. Their privileges on the log's tables are reset first, so granting again is the
+    same as granting once. Returns, per role, what it may do.
+    """
+    from psycopg import sql
+
+    wanted = {
+        name: privileges
+        for name, privileges in ((writer, WRITER_PRIVILEGES), (auditor, AUDITOR_PRIVILEGES))
+        if name is not None
+    }
+    granted: dict[str, str] = {}
+    with engine.begin() as conn:
+        dbapi: Any = conn.connection.dbapi_connection
+        cursor = dbapi.cursor()
+        cursor.execute("SELECT current_database(), current_schema(), current_user")
+        database, schema, owner = cursor.fetchone()
+        for name, privileges in wanted.items():
+            role = sql.Identifier(name)
+            cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (name,))
+            found = cursor.fetchone()
+            if name == owner or (found is not None and found[0]):
+                raise ValueError(
+                    f"role {name!r} owns the log or is a superuser: privileges cannot limit it"
+                )
+            if found is None:
+                cursor.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+            cursor.execute(
+                sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), role)
+            )
+            cursor.execute(
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), role)
+            )
+            for table, allowed in privileges.items():
+                target = sql.Identifier(schema, table)
+                cursor.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(target, role))
+                cursor.execute(sql.SQL("GRANT " + allowed + " ON {} TO {}").format(target, role))
+            granted[name] = "; ".join(
+                f"{allowed} on {table}" for table, allowed in privileges.items()
+            )
+        for table in LOG_TABLES:
+            cursor.execute(
+                sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(sql.Identifier(schema, table))
+            )
+        cursor.close()
+    return granted
