@@ -242,6 +242,17 @@ class EventLog:
         for record in self._store.read_stream(stream, from_version):
             yield decode_record(record)
 
+    def read_stream_backwards(
+        self, stream: str, before_version: int | None = None, *, page_size: int = 100
+    ) -> Iterator[RecordedEvent]:
+        """One stream's decoded records newest first, from just before `before_version`.
+
+        The cheap way to a stream's last records: `page_size` bounds each fetch (one for the
+        last record alone).
+        """
+        for record in self._store.read_stream_backwards(stream, before_version, page_size):
+            yield decode_record(record)
+
     async def subscribe(
         self,
         from_seq: int = 1,

@@ -130,17 +130,12 @@ class _Recorder:
         return f"{self.namespace}/tracking/{application_name}"
 
     def _read_tail(self, stream: str) -> _Tail | None:
-        """The stream's last record as stored now (streams only grow, so a later one is fine)."""
-        version = self.log.stream_version(stream)
-        if version is None:
-            self._tails.pop(stream, None)
-            return None
-        tail: _Tail | None = None
-        for record in self.log.read_stream(stream, version):
-            tail = _Tail(record.version, _position(record))
-        assert tail is not None  # the record at `version` exists: streams only grow
-        self._tails[stream] = tail
-        return tail
+        """The stream's last record as stored now (one indexed read of one row)."""
+        for record in self.log.read_stream_backwards(stream, page_size=1):
+            tail = self._tails[stream] = _Tail(record.version, _position(record))
+            return tail
+        self._tails.pop(stream, None)
+        return None
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -195,17 +190,51 @@ class _Recorder:
         limit: int | None,
     ) -> list[StoredEvent]:
         stream = self._event_stream(originator_id)
+        tail = self._tails.get(stream)
+        if tail is None and lte is None and (gt is not None or (desc and limit is not None)):
+            found = self._select_from_the_end(stream, gt, desc, limit)
+        else:
+            found = self._select_forwards(stream, tail, gt, lte, desc, limit)
+        if desc:
+            found.reverse()
+        return found if limit is None else found[:limit]
+
+    def _select_from_the_end(
+        self, stream: str, gt: int | None, desc: bool, limit: int | None
+    ) -> list[StoredEvent]:
+        """The last records (a snapshot, the events after one), newest first: no tail needed."""
+        found: list[StoredEvent] = []
+        page_size = limit if desc and limit is not None else 100
+        for record in self.log.read_stream_backwards(stream, page_size=page_size):
+            event = record.event
+            if not found:
+                self._tails[stream] = _Tail(record.version, _position(record))
+            assert isinstance(event, EsStoredEvent)
+            if gt is not None and event.originator_version <= gt:
+                break
+            found.append(_from_event(event))
+            if desc and limit is not None and len(found) >= limit:
+                break
+        found.reverse()
+        return found
+
+    def _select_forwards(
+        self,
+        stream: str,
+        tail: _Tail | None,
+        gt: int | None,
+        lte: int | None,
+        desc: bool,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        """Records in version order, from the first one that can match."""
         from_version = 0
-        needs_tail = gt is not None or (desc and limit is not None and lte is None)
-        tail = self._tails.get(stream) or (self._read_tail(stream) if needs_tail else None)
-        if needs_tail and tail is None:
-            return []
         if tail is not None:
             # Positions grow by at least one per version, so the record at version v has a
             # position <= tail.position - (tail.version - v): nothing before `start` is > gt.
             if gt is not None:
                 start = gt + 1 - (tail.position - tail.version)
-                from_version = max(from_version, min(max(start, 0), tail.version + 1))
+                from_version = min(max(start, 0), tail.version + 1)
             if desc and limit is not None and lte is None:
                 from_version = max(from_version, tail.version - limit + 1)
         found: list[StoredEvent] = []
@@ -221,9 +250,7 @@ class _Recorder:
         else:
             if last is not None:  # read to the end: the stream's tail as of now
                 self._tails[stream] = _Tail(last.version, _position(last))
-        if desc:
-            found.reverse()
-        return found if limit is None else found[:limit]
+        return found
 
 
 def _check_increasing(runs: list[_Run]) -> None:

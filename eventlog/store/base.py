@@ -487,6 +487,23 @@ class SqlStore:
                 return
             next_version = page[-1].version + 1
 
+    def read_stream_backwards(
+        self, stream: str, before_version: int | None = None, page_size: int = 100
+    ) -> Iterator[Record]:
+        """One stream's records newest first, through the (stream, version) index."""
+        upper = before_version
+        while True:
+            query = sa.select(*RECORD_COLUMNS).where(events.c.stream == stream)
+            if upper is not None:
+                query = query.where(events.c.version < upper)
+            query = query.order_by(events.c.version.desc()).limit(page_size)
+            with self._read_engine.connect() as conn:
+                page = [_record(row) for row in conn.execute(query)]
+            yield from page
+            if len(page) < page_size:
+                return
+            upper = page[-1].version
+
     def duplicate_event_ids(self) -> list[tuple[bytes, int]]:
         """(event id, smallest seq) for ids stored more than once (only a tampered log has any)."""
         query = (
