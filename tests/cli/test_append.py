@@ -1,0 +1,192 @@
+"""`eventlog append`: JSON lines in, one atomic append, nothing appended on bad input."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from eventlog import EventLog
+from eventlog.cli.times import format_ns
+from tests.cli.helpers import (
+    ISO_NS,
+    REPLAY_KEYS,
+    append_notes,
+    cli,
+    count,
+    json_lines,
+    line,
+    lines,
+    query,
+)
+from tests.cli_vocabulary import CliMeasured, CliNote, CliRef
+
+
+def test_append_then_replay_json_round_trips_every_field(log_file: str) -> None:
+    trace, chosen = uuid.uuid4(), uuid.uuid4()
+    measured = {
+        "name": "loss",
+        "value": 0.25,
+        "ok": True,
+        "tags": ["a", "b"],
+        "ref": {"name": "r", "weight": 1.5},
+        "trace_id": str(trace),
+    }
+    text = lines(
+        line("group/g1", "CliNote", {"text": "héllo", "n": 3}, expected_version="no_stream"),
+        line("group/g1", "CliMeasured", measured, expected_version=0, event_id=str(chosen)),
+        line("controller", "CliNote", {"text": "x"}),
+    )
+    appended = cli("append", log_file, "--json", input=text)
+    assert appended.exit_code == 0, appended.stderr
+    positions = json_lines(appended.stdout)
+    ids = [p.pop("event_id") for p in positions]
+    assert positions == [
+        {"seq": 1, "stream": "group/g1", "version": 0, "type": "CliNote"},
+        {"seq": 2, "stream": "group/g1", "version": 1, "type": "CliMeasured"},
+        {"seq": 3, "stream": "controller", "version": 0, "type": "CliNote"},
+    ]
+    assert ids[1] == str(chosen)
+
+    replayed = json_lines(cli("replay", log_file, "--json").stdout)
+    assert [list(obj) for obj in replayed] == [REPLAY_KEYS] * 3
+    stored = [row[0] for row in query(log_file, "SELECT recorded_at FROM events ORDER BY seq")]
+    for obj, ns in zip(replayed, stored, strict=True):
+        assert ISO_NS.match(obj["recorded_at"])
+        assert obj.pop("recorded_at") == format_ns(ns)
+        assert format_ns(ns).startswith(
+            datetime.fromtimestamp(ns // 10**9, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        )
+    assert replayed == [
+        {
+            "seq": 1,
+            "stream": "group/g1",
+            "version": 0,
+            "event_id": ids[0],
+            "type": "CliNote",
+            "data": {"text": "héllo", "n": 3},
+        },
+        {
+            "seq": 2,
+            "stream": "group/g1",
+            "version": 1,
+            "event_id": str(chosen),
+            "type": "CliMeasured",
+            "data": measured,
+        },
+        {
+            "seq": 3,
+            "stream": "controller",
+            "version": 0,
+            "event_id": ids[2],
+            "type": "CliNote",
+            "data": {"text": "x", "n": 0},
+        },
+    ]
+    with EventLog.open(log_file) as log:
+        assert [record.event for record in log.read()] == [
+            CliNote(text="héllo", n=3),
+            CliMeasured(
+                name="loss",
+                value=0.25,
+                ok=True,
+                tags=["a", "b"],
+                ref=CliRef(name="r", weight=1.5),
+                trace_id=trace,
+            ),
+            CliNote(text="x"),
+        ]
+
+
+def test_append_prints_one_line_per_event_with_seq_stream_and_version(log_file: str) -> None:
+    result = cli("append", log_file, input=lines(line("s", "CliNote", {"text": "a"})) * 2)
+    rows = [row.split("\t") for row in result.stdout.splitlines()]
+    assert [row[:4] for row in rows] == [["1", "s", "v0", "CliNote"], ["2", "s", "v1", "CliNote"]]
+
+
+GOOD = line("s", "CliNote", {"text": "fine"})
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ('{"stream": "s", "type": "CliNote",', "line 2: invalid JSON: Input data was truncated"),
+        ('{"stream": "s", "type": "CliNote"} x', "line 2: invalid JSON: JSON is malformed"),
+        (
+            line("s", "CliNote", {"text": 5}),
+            "line 2: CliNote: Expected `str`, got `int` - at `data.text`",
+        ),
+        (
+            line("s", "CliNote", {}),
+            "line 2: CliNote: Object missing required field `text` - at `data`",
+        ),
+        (line("s", "CliNote", {"text": "a", "nn": 1}), "line 2: CliNote has no field 'nn'"),
+        (line("s", "CliNoet", {"text": "a"}), "line 2: unknown event type 'CliNoet'"),
+        (line("", "CliNote", {"text": "a"}), "line 2: stream must not be empty"),
+        (
+            line("s", "CliNote", {"text": "a"}, expected_version="latest"),
+            "line 2: Invalid enum value 'latest' - at `$.expected_version`",
+        ),
+        (
+            line("s", "CliNote", {"text": "a"}, expected_version=-1),
+            "line 2: expected_version must be >= 0, found -1",
+        ),
+        (
+            line("s", "CliNote", {"text": "a"}, event_id="not-a-uuid"),
+            "line 2: Invalid UUID - at `$.event_id`",
+        ),
+        ('{"stream": "s", "typ": "CliNote"}', "line 2: Object contains unknown field `typ`"),
+    ],
+)
+def test_a_bad_line_appends_nothing_and_names_the_line_and_field(
+    log_file: str, bad: str, message: str
+) -> None:
+    result = cli("append", log_file, input=lines(GOOD, bad, GOOD))
+    assert result.exit_code == 2
+    first = result.stderr.splitlines()[0]
+    assert first == f"error: {message}" or first.startswith(f"error: {message}")
+    assert len(result.stderr.splitlines()) <= 2  # the error, and a hint when there is one
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert count(log_file) == 0
+
+
+def test_an_unknown_type_hint_suggests_close_names(log_file: str) -> None:
+    result = cli("append", log_file, input=lines(line("s", "CliNoet", {"text": "a"})))
+    assert result.stderr.splitlines()[1] == "hint: did you mean CliNote?"
+
+
+def test_a_version_conflict_on_any_line_appends_no_line_and_exits_4(log_file: str) -> None:
+    append_notes(log_file, 1, stream="s")
+    text = lines(
+        line("other", "CliNote", {"text": "a"}, expected_version="no_stream"),
+        line("s", "CliNote", {"text": "b"}, expected_version=5),
+    )
+    result = cli("append", log_file, input=text)
+    assert result.exit_code == 4
+    assert result.stderr == "error: stream 's': expected version 5, found version 0\n"
+    assert count(log_file) == 1
+
+
+def test_append_retry_with_the_same_event_ids_is_a_no_op(log_file: str) -> None:
+    event_id = str(uuid.uuid4())
+    text = lines(line("s", "CliNote", {"text": "once"}, event_id=event_id))
+    first = cli("append", log_file, "--json", input=text)
+    again = cli("append", log_file, "--json", input=text)
+    assert again.exit_code == 0
+    assert json_lines(again.stdout) == json_lines(first.stdout)
+    assert count(log_file) == 1
+
+    changed = lines(line("s", "CliNote", {"text": "other"}, event_id=event_id))
+    conflict = cli("append", log_file, input=changed)
+    assert conflict.exit_code == 4
+    assert f"event id {event_id} is already stored at seq 1" in conflict.stderr
+    assert count(log_file) == 1
+
+
+def test_append_with_no_lines_appends_nothing(log_file: str) -> None:
+    result = cli("append", log_file, input="\n\n")
+    assert result.exit_code == 0
+    assert result.stderr == "nothing to append\n"
+    assert count(log_file) == 0

@@ -1,0 +1,80 @@
+"""`eventlog db`: see, upgrade and downgrade a log's schema revision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.cli.helpers import HEAD_REVISION, cli, query, sql
+
+
+def test_db_upgrade_creates_a_log_at_head_and_current_reports_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "new.db")
+    upgraded = cli("db", "upgrade", path)
+    assert upgraded.exit_code == 0
+    assert upgraded.stdout == f"{path}: upgraded (empty) -> {HEAD_REVISION}\n"
+    current = cli("db", "current", path, "--check")
+    assert current.exit_code == 0
+    assert current.stdout.splitlines() == [
+        f"current: {HEAD_REVISION}",
+        f"head:    {HEAD_REVISION}",
+        "status:  up to date",
+    ]
+    assert cli("db", "upgrade", path).stdout == f"{path}: already at revision {HEAD_REVISION}\n"
+
+
+def test_log_at_an_older_revision_is_refused_with_the_upgrade_hint(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    assert cli("db", "upgrade", path, "--revision", "0001").exit_code == 0
+
+    refused = cli("replay", path)
+    assert refused.exit_code == 3
+    assert refused.stderr.splitlines() == [
+        f"error: {path}: log is at schema revision 0001, this eventlog needs {HEAD_REVISION}",
+        f"hint: run `eventlog db upgrade {path}`",
+    ]
+    assert refused.stdout == ""
+    current = cli("db", "current", path)
+    assert "current: 0001" in current.stdout
+    assert f"needs upgrade; run `eventlog db upgrade {path}`" in current.stdout
+    assert cli("db", "current", path, "--check").exit_code == 3
+
+    upgraded = cli("db", "upgrade", path)
+    assert upgraded.stdout == f"{path}: upgraded 0001 -> {HEAD_REVISION}\n"
+    assert cli("replay", path).exit_code == 0
+
+
+def test_log_at_a_newer_revision_is_refused_and_not_migrated(log_file: str) -> None:
+    sql(log_file, "UPDATE alembic_version SET version_num = 'ffff_from_the_future'")
+
+    for args in (
+        ["info", log_file],
+        ["db", "upgrade", log_file],
+        ["db", "downgrade", log_file, "0001"],
+    ):
+        refused = cli(*args)
+        assert refused.exit_code == 3, args
+        assert refused.stderr.splitlines() == [
+            f"error: {log_file}: log is at schema revision ffff_from_the_future, newer than "
+            f"this eventlog knows ({HEAD_REVISION})",
+            "hint: upgrade the eventlog package to open it",
+        ]
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [("ffff_from_the_future",)]
+    current = cli("db", "current", log_file)
+    assert current.exit_code == 0
+    assert "status:  newer than this eventlog; upgrade the eventlog package" in current.stdout
+
+
+def test_db_upgrade_refuses_a_database_eventlog_did_not_make(tmp_path: Path) -> None:
+    path = str(tmp_path / "foreign.db")
+    sql(path, "CREATE TABLE events (id INTEGER PRIMARY KEY)")
+    refused = cli("db", "upgrade", path)
+    assert refused.exit_code == 3
+    assert "has an events table but no alembic revision" in refused.stderr
+    assert query(path, "SELECT name FROM sqlite_master WHERE name = 'alembic_version'") == []
+
+
+def test_db_downgrade_moves_the_revision_down(log_file: str) -> None:
+    result = cli("db", "downgrade", log_file, "0001")
+    assert result.exit_code == 0
+    assert result.stdout == f"{log_file}: downgraded {HEAD_REVISION} -> 0001\n"
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [("0001",)]

@@ -1,0 +1,179 @@
+"""The `eventlog` group itself: errors as one line, exit codes, subcommand loading, the
+installed entry point (a real process), and the same behaviour on every backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eventlog.cli.exits import exit_code_for
+from eventlog.cli.main import SUBCOMMANDS
+from eventlog.errors import (
+    ConcurrencyError,
+    DuplicateEventError,
+    EventLogError,
+    FutureSchemaError,
+    IntegrityError,
+    InvalidEventError,
+    LogRevisionError,
+    UnknownEventTypeError,
+)
+from eventlog.recovery.errors import ConfigError, LedgerRuleError
+from tests.cli.helpers import HEAD_REVISION, cli, json_lines, line, lines, run_installed
+
+
+@pytest.mark.parametrize("command", ["replay", "verify", "info", "stats", "tail", "append"])
+def test_commands_refuse_a_missing_file_without_creating_it(tmp_path: Path, command: str) -> None:
+    path = tmp_path / "missing.db"
+    result = cli(command, str(path), input="")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"error: {path}: no such file",
+        f"hint: create a log with `eventlog init {path}`",
+    ]
+    assert not path.exists()
+
+
+def test_errors_are_one_line_with_a_hint_and_no_traceback_unless_debug(tmp_path: Path) -> None:
+    path = str(tmp_path / "missing.db")
+    quiet = cli("verify", path)
+    assert quiet.stderr.splitlines() == [
+        f"error: {path}: no such file",
+        f"hint: create a log with `eventlog init {path}`",
+    ]
+    loud = cli("--debug", "verify", path)
+    assert loud.exit_code == quiet.exit_code == 2
+    assert "Traceback (most recent call last)" in loud.stderr
+    assert "CliUsageError" in loud.stderr
+    assert loud.stderr.splitlines()[-2:] == quiet.stderr.splitlines()
+
+
+def test_an_unexpected_exception_is_one_line_and_exit_70(
+    log_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_ns: int) -> str:
+        raise RuntimeError("disk\nexploded")
+
+    monkeypatch.setattr("eventlog.cli.info.format_ns", broken)
+    quiet = cli("info", log_file)
+    assert quiet.exit_code == 70
+    assert quiet.stderr.splitlines() == [
+        "error: unexpected RuntimeError: disk exploded",
+        "hint: rerun with --debug for the traceback, and report it",
+    ]
+    loud = cli("--debug", "info", log_file)
+    assert loud.exit_code == 70
+    assert "Traceback (most recent call last)" in loud.stderr
+    assert loud.stderr.splitlines()[-1] == "error: unexpected RuntimeError: disk exploded"
+
+
+def test_a_file_that_is_not_a_database_is_a_database_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a database, just words " * 100)
+    result = cli("replay", str(path))
+    assert result.exit_code == 6
+    first, hint = result.stderr.splitlines()
+    assert first == (
+        f"error: {path}: the database file is damaged or not a database (file is not a database)"
+    )
+    assert hint.startswith("hint: restore it from a backup")
+
+
+def test_an_events_module_that_does_not_import_is_a_usage_error(log_file: str) -> None:
+    result = cli("--events-module", "tests.no_such_vocabulary", "info", log_file)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "error: --events-module tests.no_such_vocabulary: cannot import"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (IntegrityError("x", seq=1), 1),
+        (InvalidEventError("x"), 2),
+        (ConfigError("x"), 2),
+        (LogRevisionError("x"), 3),
+        (UnknownEventTypeError("x"), 3),
+        (FutureSchemaError("x"), 3),
+        (ConcurrencyError("s", "version 1", 2), 4),
+        (DuplicateEventError("id", "s", 1), 4),
+        (LedgerRuleError("x"), 5),
+        (EventLogError("x"), 5),
+        (RuntimeError("x"), 70),
+    ],
+)
+def test_each_error_kind_has_its_documented_exit_code(error: Exception, code: int) -> None:
+    assert exit_code_for(error) == code
+
+
+def test_every_registered_subcommand_loads() -> None:
+    for name in SUBCOMMANDS:
+        assert cli(name, "--help").exit_code == 0, name
+    assert cli("--help").exit_code == 0
+
+
+def test_installed_entry_point_appends_replays_and_fails_in_one_line(tmp_path: Path) -> None:
+    path = str(tmp_path / "run.db")
+    assert run_installed("init", path).returncode == 0
+    text = lines(
+        line("group/g1", "CliNote", {"text": "from a script", "n": 7}, expected_version="no_stream")
+    )
+    appended = run_installed("--events-module", "tests.cli_vocabulary", "append", path, input=text)
+    assert appended.returncode == 0, appended.stderr
+    replayed = run_installed(
+        "replay", path, "--json", EVENTLOG_EVENTS_MODULES="tests.cli_vocabulary"
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    (obj,) = json_lines(replayed.stdout)
+    assert (obj["seq"], obj["stream"], obj["type"], obj["data"]) == (
+        1,
+        "group/g1",
+        "CliNote",
+        {"text": "from a script", "n": 7},
+    )
+
+    unregistered = run_installed("replay", path)  # the vocabulary module not imported
+    assert unregistered.returncode == 3
+    assert unregistered.stderr == "error: seq 1: unknown event type 'CliNote'\n"
+
+    bad = run_installed(
+        "--events-module", "tests.cli_vocabulary", "append", path, input='{"stream": 1}\n'
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: line 1: ")
+    assert len(bad.stderr.splitlines()) == 1 and "Traceback" not in bad.stderr
+
+    verified = run_installed("verify", path)
+    assert verified.returncode == 0
+    assert verified.stdout.startswith("ok: 1 records, head seq 1, chain ")
+
+
+def test_the_commands_work_the_same_on_every_backend(log_target: str) -> None:
+    init = cli("init", log_target)
+    assert init.exit_code == 0, init.stderr
+    text = lines(
+        line("group/g1", "CliNote", {"text": "a"}, expected_version="no_stream"),
+        line("group/g1", "CliNote", {"text": "b"}, expected_version=0),
+    )
+    assert cli("append", log_target, input=text).exit_code == 0
+    replayed = json_lines(cli("replay", log_target, "--json").stdout)
+    assert [(o["seq"], o["version"], o["data"]["text"]) for o in replayed] == [
+        (1, 0, "a"),
+        (2, 1, "b"),
+    ]
+    info = json.loads(cli("info", log_target, "--json").stdout)
+    assert (info["head"], info["revision"]) == (2, HEAD_REVISION)
+    assert info["log_id"] == init.stdout.strip()
+    verified = cli("verify", log_target)
+    assert verified.stdout == f"ok: 2 records, head seq 2, chain {info['chain']}\n"
+    assert cli("db", "current", log_target, "--check").exit_code == 0
+    conflict = cli(
+        "append",
+        log_target,
+        input=lines(line("group/g1", "CliNote", {"text": "c"}, expected_version="no_stream")),
+    )
+    assert conflict.exit_code == 4
+    assert conflict.stderr == "error: stream 'group/g1': expected no stream, found version 1\n"

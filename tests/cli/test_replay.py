@@ -1,0 +1,111 @@
+"""`eventlog replay` (core filters): what it selects and how it shows records."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli.helpers import REPLAY_KEYS, append_notes, cli, insert_raw, json_lines
+
+
+def replayed_seqs(path: str, *args: str) -> list[int]:
+    result = cli("replay", path, "--json", *args)
+    assert result.exit_code == 0, result.stderr
+    return [obj["seq"] for obj in json_lines(result.stdout)]
+
+
+@pytest.mark.parametrize(
+    ("args", "seqs"),
+    [
+        ([], [1, 2, 3, 4, 5, 6, 7]),
+        (["--stream", "controller"], [6]),
+        (["--stream", "group/g1", "--stream", "group/g2"], [1, 4]),
+        (["--group", "g1"], [1, 2, 3, 7]),
+        (["--group", "g2"], [4]),
+        (["--group", "g1", "--stream", "controller"], [1, 2, 3, 6, 7]),
+        (["--type", "CliMeasured"], [6]),
+        (["--type", "CliDispatched", "--type", "CliMeasured"], [1, 6]),
+        (["--from-seq", "3", "--until-seq", "5"], [3, 4, 5]),
+        (["--group", "g1", "--type", "CliNote", "--from-seq", "3"], [3, 7]),
+        (["--stream", "nobody"], []),
+        (["--until", "2000-01-01"], []),
+        (["--since", "2000-01-01T00:00:00+02:00"], [1, 2, 3, 4, 5, 6, 7]),
+    ],
+)
+def test_replay_filters_select_exactly_the_matching_records(
+    audit_log: str, args: list[str], seqs: list[int]
+) -> None:
+    assert replayed_seqs(audit_log, *args) == seqs
+
+
+def test_replay_time_window_is_inclusive_to_the_nanosecond(audit_log: str) -> None:
+    times = [obj["recorded_at"] for obj in json_lines(cli("replay", audit_log, "--json").stdout)]
+    assert len(set(times)) == 7
+    assert replayed_seqs(audit_log, "--since", times[2], "--until", times[4]) == [3, 4, 5]
+    assert replayed_seqs(audit_log, "--until", times[0]) == [1]
+    assert replayed_seqs(audit_log, "--since", times[6]) == [7]
+
+
+def test_replay_table_shows_seq_stream_version_type_and_fields(audit_log: str) -> None:
+    result = cli("replay", audit_log, "--group", "g1")
+    assert result.exit_code == 0
+    rows = [row.split() for row in result.stdout.splitlines()]
+    assert rows[0] == ["seq", "time", "(UTC)", "stream", "ver", "type", "fields"]
+    assert [(r[0], r[3], r[4], r[5]) for r in rows[1:]] == [
+        ("1", "group/g1", "0", "CliDispatched"),
+        ("2", "attempt/g1_g0", "0", "CliNote"),
+        ("3", "attempt/g1_g1", "0", "CliNote"),
+        ("7", "attempt/g1_g1", "1", "CliNote"),
+    ]
+    assert result.stdout.splitlines()[4].endswith("text=a1 again n=0")
+
+
+def test_replay_with_no_match_says_so_on_stderr(audit_log: str) -> None:
+    result = cli("replay", audit_log, "--type", "Nothing")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "no records match\n")
+
+
+def test_replay_rejects_a_time_that_is_not_iso8601(audit_log: str) -> None:
+    result = cli("replay", audit_log, "--since", "yesterday")
+    assert result.exit_code == 2
+    assert "'yesterday' is not an ISO-8601 time" in result.stderr
+
+
+def test_unknown_type_fails_replay_naming_seq_and_type_unless_allowed(log_file: str) -> None:
+    append_notes(log_file, 1)
+    seq = insert_raw(log_file, "future", "CliVanished", 1, {"color": "red", "size": 3})
+    assert cli("verify", log_file).exit_code == 0
+
+    failed = cli("replay", log_file, "--json")
+    assert failed.exit_code == 3
+    assert failed.stderr == f"error: seq {seq}: unknown event type 'CliVanished'\n"
+    assert [obj["seq"] for obj in json_lines(failed.stdout)] == [1]  # streamed up to the bad one
+
+    shown = json_lines(cli("replay", log_file, "--json", "--allow-unknown").stdout)
+    raw = shown[1]
+    assert list(raw) == [*REPLAY_KEYS, "unknown", "schema"]
+    assert raw["data"] == {"color": "red", "size": 3}
+    assert (raw["seq"], raw["stream"], raw["type"], raw["unknown"], raw["schema"]) == (
+        seq,
+        "future",
+        "CliVanished",
+        True,
+        1,
+    )
+    assert raw["recorded_at"] == "2027-01-15T08:00:00.123456789Z"
+    assert "unknown" not in shown[0]
+    table = cli("replay", log_file, "--allow-unknown").stdout
+    assert "CliVanished v1?" in table and "color=red size=3" in table
+
+
+def test_a_future_schema_fails_replay_naming_seq_and_type_unless_allowed(log_file: str) -> None:
+    append_notes(log_file, 1)
+    seq = insert_raw(log_file, "s2", "CliNote", 7, {"text": "new", "mood": "good"})
+    failed = cli("replay", log_file)
+    assert failed.exit_code == 3
+    assert failed.stderr == (
+        f"error: seq {seq}: CliNote has schema v7, this program reads up to v1; "
+        "upgrade eventlog to read it\n"
+    )
+    shown = json_lines(cli("replay", log_file, "--json", "--allow-unknown").stdout)
+    assert shown[1]["data"] == {"text": "new", "mood": "good"}
+    assert shown[1]["schema"] == 7

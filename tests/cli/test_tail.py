@@ -1,0 +1,66 @@
+"""`eventlog tail`: the newest records, and following appends."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from eventlog import EventLog
+from tests.cli.helpers import EVENTLOG, REPO, _reader, append_notes, cli, json_lines
+from tests.cli_vocabulary import CliAttempt, CliDispatched, CliNote
+
+
+def test_tail_prints_the_newest_records(audit_log: str) -> None:
+    result = cli("tail", audit_log, "-n", "2", "--json")
+    assert [obj["seq"] for obj in json_lines(result.stdout)] == [6, 7]
+    plain = cli("tail", audit_log, "-n", "1").stdout
+    assert plain.split()[0] == "7" and plain.rstrip().endswith("text=a1 again n=0")
+
+
+@pytest.fixture
+def follower(log_file: str) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
+    append_notes(log_file, 1)
+    proc = subprocess.Popen(
+        [
+            str(EVENTLOG),
+            "--events-module",
+            "tests.cli_vocabulary",
+            "tail",
+            log_file,
+            "-f",
+            "--json",
+            "-n",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        yield proc, _reader(proc.stdout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_tail_follow_prints_appends_as_they_happen_and_exits_0_on_interrupt(
+    log_file: str, follower: tuple[subprocess.Popen[str], queue.Queue[str]]
+) -> None:
+    proc, output = follower
+    assert json.loads(output.get(timeout=60))["seq"] == 1  # caught up: now following
+    with EventLog.open(log_file) as log:
+        log.append("late", [CliNote(text="after start")])
+        log.append("late", [CliDispatched(group_id="g", attempts=[CliAttempt(rollout_id="r")])])
+    assert json.loads(output.get(timeout=30))["data"] == {"text": "after start", "n": 0}
+    assert json.loads(output.get(timeout=30))["type"] == "CliDispatched"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
