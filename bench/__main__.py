@@ -7,58 +7,80 @@ published figures.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console
 
-from bench import append, replay, rollout
+from bench import append, esapp, replay, rollout
 from bench.common import RESULTS_DIR
 
 Benchmark = Callable[..., Any]
 
 BENCHMARKS: dict[str, Benchmark] = {
     "append": append.run,
+    "esapp": esapp.run,
     "replay": replay.run,
     "rollout": rollout.run,
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("name", nargs="?", choices=sorted(BENCHMARKS), help="one benchmark")
-    parser.add_argument("--quick", action="store_true", help="small counts, one repeat")
-    parser.add_argument("--repeats", type=int, help="repeats per cell (default 3, quick 1)")
-    parser.add_argument("--scale", type=float, help="multiply every event count")
-    parser.add_argument(
-        "--backend", action="append", choices=["sqlite", "postgresql"], help="repeatable"
-    )
-    parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
-    parser.add_argument("--workdir", type=Path, help="where the databases go (default a temp dir)")
-    args = parser.parse_args(argv)
-
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.argument("name", required=False, type=click.Choice(sorted(BENCHMARKS)))
+@click.option("--quick", is_flag=True, help="small counts, one repeat")
+@click.option("--repeats", type=int, help="repeats per cell (default 3, quick 1)")
+@click.option("--scale", type=float, help="multiply every event count")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["sqlite", "postgresql"]),
+    help="repeatable",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="results folder (default bench/results)"
+)
+@click.option(
+    "--workdir", type=click.Path(path_type=Path), help="where the databases go (default a temp dir)"
+)
+def command(
+    name: str | None,
+    quick: bool,
+    repeats: int | None,
+    scale: float | None,
+    backends: tuple[str, ...],
+    out: Path | None,
+    workdir: Path | None,
+) -> None:
     console = Console()
     if not console.is_terminal:  # piped to a file or CI log: keep the table's columns whole
         console = Console(width=170)
-    out = args.out
     if out is None:
-        out = Path(tempfile.mkdtemp(prefix="eventlog-bench-quick-")) if args.quick else RESULTS_DIR
-    names = [args.name] if args.name else list(BENCHMARKS)
-    options: dict[str, Any] = {"quick": args.quick, "out_dir": out, "console": console}
-    if args.repeats is not None:
-        options["repeats"] = args.repeats
-    if args.scale is not None:
-        options["scale"] = args.scale
-    if args.backend:
-        options["backends"] = args.backend
-    if args.workdir is not None:
-        options["workdir"] = args.workdir
-    for name in names:
-        console.rule(f"bench {name}")
-        BENCHMARKS[name](**options)
+        out = Path(tempfile.mkdtemp(prefix="eventlog-bench-quick-")) if quick else RESULTS_DIR
+    names = [name] if name else list(BENCHMARKS)
+    options: dict[str, Any] = {"quick": quick, "out_dir": out, "console": console}
+    if repeats is not None:
+        options["repeats"] = repeats
+    if scale is not None:
+        options["scale"] = scale
+    if backends:
+        options["backends"] = list(backends)
+    if workdir is not None:
+        options["workdir"] = workdir
+    for each in names:
+        console.rule(f"bench {each}")
+        BENCHMARKS[each](**options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `command` and return its exit status (2 on bad usage) instead of exiting."""
+    try:
+        command.main(args=argv, prog_name="python -m bench")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 

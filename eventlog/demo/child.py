@@ -9,7 +9,6 @@ on a Ray it starts itself, under a temp root the parent cleans up by PID after a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -17,6 +16,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import click
 
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.dataplane.protocol import DataPlane
@@ -59,44 +60,57 @@ def report_json(report: RunReport, **extra: object) -> dict[str, object]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eventlog.demo.child")
-    parser.add_argument("--target", required=True, help="the log: SQLite path or SQLAlchemy URL")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
-    parser.add_argument("--data-plane", choices=("memory", "transferqueue"), default="memory")
-    parser.add_argument("--ray-root", default=None, help="temp root for Ray (transferqueue)")
-    parser.add_argument("--settings", required=True, help="LoopSettings as JSON")
-    parser.add_argument("--no-faults", action="store_true")
-    parser.add_argument("--report", type=Path, default=None, help="write a JSON report here")
-    args = parser.parse_args(argv)
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--target", required=True, help="the log: SQLite path or SQLAlchemy URL")
+@click.option("--run-dir", required=True, type=click.Path(path_type=Path))
+@click.option("--model", required=True, help="local Hugging Face model directory")
+@click.option(
+    "--data-plane", "plane_kind", type=click.Choice(["memory", "transferqueue"]), default="memory"
+)
+@click.option("--ray-root", default=None, help="temp root for Ray (transferqueue)")
+@click.option("--settings", "settings_json", required=True, help="LoopSettings as JSON")
+@click.option("--no-faults", is_flag=True)
+@click.option(
+    "--report", type=click.Path(path_type=Path), default=None, help="write a JSON report here"
+)
+def command(
+    target: str,
+    run_dir: Path,
+    model: str,
+    plane_kind: str,
+    ray_root: str | None,
+    settings_json: str,
+    no_faults: bool,
+    report: Path | None,
+) -> None:
+    """Run the demo's controller on the --target log: a fresh run, or restore and finish it."""
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    settings = LoopSettings(**json.loads(args.settings))
-    config = load_config(args.run_dir / "recovery.yaml")
-    faults = FaultPlan() if args.no_faults else demo_faults(settings)
+    settings = LoopSettings(**json.loads(settings_json))
+    config = load_config(run_dir / "recovery.yaml")
+    faults = FaultPlan() if no_faults else demo_faults(settings)
     started = time.monotonic()
     runtime = None
-    log = EventLog.open(args.target)
+    log = EventLog.open(target)
     try:
         data_plane: DataPlane
-        if args.data_plane == "transferqueue":
+        if plane_kind == "transferqueue":
             from eventlog.dataplane.transferqueue import (
                 TransferQueueDataPlane,
                 start_transferqueue,
             )
 
-            runtime = start_transferqueue(temp_root=args.ray_root)
+            runtime = start_transferqueue(temp_root=ray_root)
             data_plane = TransferQueueDataPlane()
         else:
             data_plane = InMemoryDataPlane()
         from eventlog.rollout.engine import EngineConfig, VllmEngine
 
         engine_started = time.monotonic()
-        with VllmEngine.start(EngineConfig(model=args.model, seed=settings.seed)) as engine:
+        with VllmEngine.start(EngineConfig(model=model, seed=settings.seed)) as engine:
             engine_s = time.monotonic() - engine_started
             controller = Controller(
                 log=log,
@@ -105,18 +119,18 @@ def main(argv: list[str] | None = None) -> int:
                 source=DemoDataset(),
                 config=config,
                 settings=settings,
-                checkpoint_dir=args.run_dir / "checkpoints",
+                checkpoint_dir=run_dir / "checkpoints",
                 faults=faults,
                 owner=f"demo-controller:{os.getpid()}",
             )
             run_started = time.monotonic()
-            report = asyncio.run(controller.run())
+            result = asyncio.run(controller.run())
             run_s = time.monotonic() - run_started
-        if args.report is not None:
-            args.report.write_text(
+        if report is not None:
+            report.write_text(
                 json.dumps(
                     report_json(
-                        report,
+                        result,
                         pid=os.getpid(),
                         engine_start_s=round(engine_s, 2),
                         run_s=round(run_s, 2),
@@ -132,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
 
             stop_transferqueue(runtime)
     logger.info("controller finished in %.1f s", time.monotonic() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `command` and return its exit status (2 on bad usage) instead of exiting."""
+    try:
+        command.main(args=argv, prog_name="python -m eventlog.demo.child")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import click
+
 from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.rollout.sampling import SampleDelta, Sampling
 
@@ -399,28 +401,33 @@ def _sampled_logprobs(
     return tuple(found)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m eventlog.rollout.engine --model DIR`: check that a model directory serves."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m eventlog.rollout.engine")
-    parser.add_argument("--model", required=True, help="local Hugging Face model directory")
-    parser.add_argument("--prompt", default="Question: what is 2 + 3? Answer:")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--n", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", required=True, help="local Hugging Face model directory")
+@click.option("--prompt", default="Question: what is 2 + 3? Answer:", show_default=True)
+@click.option("--max-tokens", type=int, default=16, show_default=True)
+@click.option("--n", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def command(model: str, prompt: str, max_tokens: int, n: int, seed: int) -> None:
+    """Check that a model directory serves: generate from --prompt and print the samples."""
 
     async def generate(engine: VllmEngine) -> dict[int, list[int]]:
         samples: dict[int, list[int]] = {}
-        sampling = Sampling(n=args.n, max_tokens=args.max_tokens, seed=args.seed)
-        async for delta in engine.generate(engine.tokenize(args.prompt), sampling, "cli"):
+        sampling = Sampling(n=n, max_tokens=max_tokens, seed=seed)
+        async for delta in engine.generate(engine.tokenize(prompt), sampling, "cli"):
             samples.setdefault(delta.index, []).extend(delta.token_ids)
         return samples
 
-    with VllmEngine.start(EngineConfig(model=args.model)) as engine:
+    with VllmEngine.start(EngineConfig(model=model)) as engine:
         for index, ids in sorted(asyncio.run(generate(engine)).items()):
-            sys.stdout.write(f"[{index}] {engine.detokenize(ids)!r}\n")
+            click.echo(f"[{index}] {engine.detokenize(ids)!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m eventlog.rollout.engine --model DIR`: run `command`, return its exit status."""
+    try:
+        command.main(args=argv, prog_name="python -m eventlog.rollout.engine")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 

@@ -23,13 +23,14 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import click
 
 from eventlog.recovery.errors import ConfigError
 
@@ -270,13 +271,19 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("directory", type=click.Path(path_type=Path))
+def command(directory: Path) -> None:
+    """Build the tiny model in DIRECTORY (or reuse the one there) and print its path."""
+    click.echo(str(build_tiny_model(directory)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m eventlog.rollout.tiny_model DIR`: build (or reuse) and print the path."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.stderr.write("usage: python -m eventlog.rollout.tiny_model DIR\n")
-        return 2
-    sys.stdout.write(f"{build_tiny_model(args[0])}\n")
+    """`python -m eventlog.rollout.tiny_model DIR`: run `command`, return its exit status."""
+    try:
+        command.main(args=argv, prog_name="python -m eventlog.rollout.tiny_model")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 
