@@ -1,4 +1,8 @@
-"""The tables as queries see them; alembic migrations (migrations/versions) create them."""
+"""The tables as queries see them; alembic migrations (migrations/versions) create them.
+
+This metadata and the migrated schema must agree (tests/test_schema_matches_migrations.py
+compares them on SQLite and PostgreSQL), so a change here needs a migration and vice versa.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,13 @@ metadata = sa.MetaData()
 events = sa.Table(
     "events",
     metadata,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    # On SQLite only INTEGER PRIMARY KEY aliases the rowid; the writer assigns seq itself.
+    sa.Column(
+        "seq",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=False,
+    ),
     sa.Column("stream", sa.Text(), nullable=False),
     sa.Column("version", sa.BigInteger(), nullable=False),
     sa.Column("event_id", sa.LargeBinary(16), nullable=False),
@@ -18,6 +28,10 @@ events = sa.Table(
     sa.Column("recorded_at", sa.BigInteger(), nullable=False),
     sa.Column("payload", sa.LargeBinary(), nullable=False),
     sa.Column("chain", sa.LargeBinary(32), nullable=False),
+    # A stream's versions are dense and unique (optimistic concurrency), event ids too
+    # (an append retried with the same id is recognised, not stored twice).
+    sa.UniqueConstraint("stream", "version", name="uq_events_stream_version"),
+    sa.UniqueConstraint("event_id", name="uq_events_event_id"),
 )
 
 log_meta = sa.Table(
