@@ -171,6 +171,10 @@ def test_unknown_granularity_is_an_error_naming_the_key(data: dict[str, Any], me
             "rollout_recovery.task_granularity_overrides: every name must be a non-empty string, "
             "found int 2024 (quote it in YAML)",
         ),
+        (
+            {"token_capture": {True: "x"}},
+            "token_capture: every key must be a string, found true",
+        ),
     ],
 )
 def test_wrong_type_is_an_error_naming_key_expected_and_found(

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import msgspec
+import msgspec.inspect as mi
 import yaml
 
 from eventlog.errors import InvalidEventError
@@ -44,9 +45,6 @@ class Granularity(enum.StrEnum):
 
 DEFAULT_STAGING_PARTITION = "rollout_staging"
 """Where workers stage token rows unless `token_capture.staging_partition` says otherwise."""
-
-_GRANULARITIES = " or ".join(repr(g.value) for g in Granularity)
-_OVERRIDE_MAPS = ("agent_granularity_overrides", "task_granularity_overrides")
 
 
 class RolloutRecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -79,7 +77,7 @@ class RecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     checkpointing: CheckpointingConfig = msgspec.field(default_factory=CheckpointingConfig)
 
 
-# Which struct describes the mapping found at a key path (for "unknown key" messages).
+# The sections: a null one (every key commented out) is read as an empty one.
 _SECTIONS: dict[str, type[msgspec.Struct]] = {
     "": RecoveryConfig,
     "rollout_recovery": RolloutRecoveryConfig,
@@ -87,18 +85,6 @@ _SECTIONS: dict[str, type[msgspec.Struct]] = {
     "checkpointing": CheckpointingConfig,
 }
 
-_TYPE_WORDS = {
-    "object": "a mapping",
-    "array": "a list",
-    "null": "null",
-    "str": "a string",
-    "bool": "true or false",
-    "int": "an integer",
-}
-_AT_KEY = re.compile(r"^(?P<what>.*) - at `key` in `\$(?P<path>[^`]*)`$")
-_AT_PATH = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$")
-_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`$")
-_EXPECTED = re.compile(r"^Expected `(?P<expected>[^`]*)`(?P<rest>[^,]*)(, got `[^`]*`)?$")
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
@@ -114,7 +100,7 @@ def _shown(path: str) -> str:
 
 
 def _lookup(data: object, path: str) -> tuple[bool, object]:
-    """The raw value at a msgspec path such as ``.token_capture.enabled`` (found?, value)."""
+    """The raw value at a dotted path such as ``token_capture.enabled`` (found?, value)."""
     value = data
     for part in (p for p in path.split(".") if p):
         if not isinstance(value, Mapping) or part not in value:
@@ -137,58 +123,69 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def _translate(exc: msgspec.ValidationError, data: object) -> ConfigError:
-    """Turn msgspec's message into one that names the key path, expected and found."""
-    message = str(exc)
-    key_match = _AT_KEY.match(message)
-    if key_match:
-        path = key_match["path"].lstrip(".")
-        return ConfigError(f"{_shown(path)}: every key must be a string ({key_match['what']})")
-    at = _AT_PATH.match(message)
-    what, path = (at["what"], at["path"]) if at else (message, "")
-    dotted = path.lstrip(".")
-    unknown = _UNKNOWN_FIELD.match(what)
-    if unknown:
-        field = unknown["field"]
-        section = _SECTIONS.get(dotted)
-        names = sorted(f.name for f in msgspec.structs.fields(section)) if section else []
-        close = difflib.get_close_matches(field, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        expected = f"; expected one of {', '.join(names)}" if names else ""
-        return ConfigError(f"{_join(dotted, field)}: unknown key{expected}{hint}")
-    found_it, found = _lookup(data, path)
-    shown_found = _describe(found) if found_it else "nothing"
-    if what.startswith("Invalid enum value"):
-        return ConfigError(f"{_shown(dotted)}: expected {_GRANULARITIES}, found {shown_found}")
-    types = _EXPECTED.match(what)
-    if types:
-        # A null section is read as an empty one, so `object | null` only ever wants a mapping.
-        options = [o for o in types["expected"].split(" | ") if o != "null"] or ["null"]
-        wanted = " or ".join(_TYPE_WORDS.get(o, o) for o in options) + types["rest"]
-        return ConfigError(f"{_shown(dotted)}: expected {wanted}, found {shown_found}")
-    return ConfigError(f"{_shown(dotted)}: {what}")
+def _expected(path: str, wanted: str, value: object) -> ConfigError:
+    return ConfigError(f"{_shown(path)}: expected {wanted}, found {_describe(value)}")
 
 
-def _check_overrides(data: Mapping[Any, Any]) -> None:
-    """Name the exact override entry that is wrong (msgspec's paths lose mapping keys)."""
-    section = data.get("rollout_recovery")
-    if not isinstance(section, Mapping):
-        return
-    for map_name in _OVERRIDE_MAPS:
-        overrides = section.get(map_name)
-        if not isinstance(overrides, Mapping):
-            continue  # absent, or a wrong type msgspec will name
-        base = f"rollout_recovery.{map_name}"
-        for name, value in overrides.items():
-            if not isinstance(name, str) or not name:
+def _check(value: object, kind: mi.Type, path: str) -> None:
+    """Validate raw YAML `value` against the struct's type `kind`, key by key, recursively.
+
+    Walking the structure ourselves names the exact key path (mapping keys included), which
+    msgspec's own error only gives as text; what this does not know, msgspec still checks.
+    """
+    if isinstance(kind, mi.UnionType):
+        if value is None and any(isinstance(t, mi.NoneType) for t in kind.types):
+            return
+        # A null section is read as an empty one, so `Struct | None` only ever wants a mapping.
+        options = [t for t in kind.types if not isinstance(t, mi.NoneType)]
+        if len(options) == 1:
+            _check(value, options[0], path)
+    elif isinstance(kind, mi.StructType):
+        if not isinstance(value, Mapping):
+            raise _expected(path, "a mapping", value)
+        fields = {f.encode_name: f for f in kind.fields}
+        for key, item in value.items():
+            if not isinstance(key, str):
                 raise ConfigError(
-                    f"{base}: every name must be a non-empty string, found {_describe(name)} "
-                    "(quote it in YAML)"
+                    f"{_shown(path)}: every key must be a string, found {_describe(key)}"
                 )
-            if not isinstance(value, str) or value not in Granularity._value2member_map_:
+            field = fields.get(key)
+            if field is None:
+                names = sorted(fields)
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
-                    f"{_join(base, name)}: expected {_GRANULARITIES}, found {_describe(value)}"
+                    f"{_join(path, key)}: unknown key; expected one of {', '.join(names)}{hint}"
                 )
+            _check(item, field.type, _join(path, key))
+    elif isinstance(kind, mi.DictType):
+        if not isinstance(value, Mapping):
+            raise _expected(path, "a mapping", value)
+        for key, item in value.items():
+            if not isinstance(key, str) or not key:
+                raise ConfigError(
+                    f"{_shown(path)}: every name must be a non-empty string, "
+                    f"found {_describe(key)} (quote it in YAML)"
+                )
+            _check(item, kind.value_type, _join(path, key))
+    elif isinstance(kind, mi.EnumType | mi.LiteralType):
+        allowed = [m.value for m in kind.cls] if isinstance(kind, mi.EnumType) else kind.values
+        if isinstance(value, bool) or value not in allowed:
+            raise _expected(path, " or ".join(repr(a) for a in allowed), value)
+    elif isinstance(kind, mi.BoolType):
+        if not isinstance(value, bool):
+            raise _expected(path, "true or false", value)
+    elif isinstance(kind, mi.IntType):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _expected(path, "an integer", value)
+    elif isinstance(kind, mi.StrType):
+        if not isinstance(value, str):
+            raise _expected(path, "a string", value)
+        if kind.min_length is not None and len(value) < kind.min_length:
+            raise _expected(path, f"a string of length >= {kind.min_length}", value)
+
+
+_CONFIG_TYPE = mi.type_info(RecoveryConfig)
 
 
 def _check_requirements(data: Mapping[Any, Any], config: RecoveryConfig) -> None:
@@ -221,11 +218,11 @@ def config_from_dict(data: Mapping[str, Any] | None) -> RecoveryConfig:
     # An empty section (`token_capture:` with every key commented out) means its defaults;
     # for rollout_recovery that still means "recovery on", so its requirements apply.
     data = {k: ({} if k in _SECTIONS and v is None else v) for k, v in data.items()}
-    _check_overrides(data)
+    _check(data, _CONFIG_TYPE, "")
     try:
         config = msgspec.convert(data, RecoveryConfig, strict=True)
-    except msgspec.ValidationError as exc:
-        raise _translate(exc, data) from None
+    except msgspec.ValidationError as exc:  # a constraint `_check` does not know
+        raise ConfigError(f"(top level): {exc}") from None
     _check_requirements(data, config)
     return config
 
