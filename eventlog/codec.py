@@ -50,7 +50,13 @@ def encode(event: Event) -> tuple[str, int, bytes]:
     try:
         payload = _encoder.encode(event)
         _decoder_for(cls).decode(payload)
-    except (msgspec.ValidationError, msgspec.EncodeError, OverflowError, TypeError) as exc:
+    except (
+        msgspec.ValidationError,
+        msgspec.EncodeError,
+        OverflowError,
+        TypeError,
+        UnicodeEncodeError,  # a lone surrogate in a string field
+    ) as exc:
         raise InvalidEventError(f"{name}: {exc}") from exc
     return name, cls.schema, payload
 

@@ -378,3 +378,17 @@ def _check_stream(stream: object) -> None:
             f"stream must be a non-empty string of at most {MAX_STREAM_LENGTH} characters, "
             f"found {stream!r}"
         )
+    # Both backends must store the same names: PostgreSQL text holds no NUL and every
+    # driver needs UTF-8, which a lone surrogate has none of.
+    if "\x00" in stream or (not stream.isprintable() and not _encodable(stream)):
+        raise InvalidEventError(
+            f"stream {stream!r}: a stream name is UTF-8 text without NUL characters"
+        )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

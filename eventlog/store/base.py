@@ -436,6 +436,8 @@ class SqlStore:
         stream_prefix: str | None = None,
     ) -> Iterator[Record]:
         """Records in seq order, fetched a page at a time so memory stays bounded."""
+        _check_seq("from_seq", from_seq)
+        _check_seq("until_seq", until_seq)
         next_seq = max(from_seq, 1)
         while True:
             query = sa.select(*RECORD_COLUMNS).where(events.c.seq >= next_seq)
@@ -552,6 +554,18 @@ class SqlStore:
         self.dialect.dispose()
 
 
+MAX_SEQ = 2**63 - 1
+"""The largest seq any backend can store (a signed 64-bit integer)."""
+
+
+def _check_seq(name: str, value: int | None) -> None:
+    """A seq bound no log can reach is a caller's mistake, not a driver's OverflowError."""
+    if value is not None and not -MAX_SEQ <= value <= MAX_SEQ:
+        raise InvalidEventError(
+            f"{name} {value} is beyond the largest seq a log can hold ({MAX_SEQ})"
+        )
+
+
 def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
     for start in range(0, len(values), _ID_CHUNK):
         yield list(values[start : start + _ID_CHUNK])
@@ -624,7 +638,7 @@ def _damaged_row(row: Sequence[Any]) -> DamagedRecordError:
         if not isinstance(value, expected) or isinstance(value, bool):
             return _damaged(seq, column, value)
     return DamagedRecordError(
-        f"seq {seq}: event_id holds {len(row[3])} bytes, expected 16 "
+        f"seq {seq}: column event_id holds a BLOB of {len(row[3])} bytes, expected 16 "
         "(the record was edited outside eventlog)",
         seq=seq if type(seq) is int else 0,
         column="event_id",

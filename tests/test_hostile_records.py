@@ -1,0 +1,147 @@
+"""Hostile stored input: a record whose column holds a value of the wrong storage type (the
+casual `UPDATE events SET payload = payload || x'00'`, TEXT where BLOB belongs and the other
+way round, in every column) is a typed error naming its seq in verify, replay and every read
+command: exit 1, one line, never a traceback or exit 70. PostgreSQL refuses such edits itself."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+from eventlog import EventLog
+from eventlog.cli.main import main
+from eventlog.errors import DamagedRecordError, InvalidEventError
+from eventlog.log import resolve_url
+from tests.reliability import drop_append_only
+from tests.vocabulary import LogNote
+
+BAD_SEQ = 3
+
+# (column, the edit, what a message must name)
+EDITS = [
+    ("payload", "payload = payload || x'00'", "payload"),
+    ("payload", "payload = 'hello'", "payload holds TEXT"),
+    ("payload", "payload = 42", "payload holds INTEGER"),
+    ("chain", "chain = 'x'", "chain holds TEXT"),
+    ("event_id", "event_id = 'abc'", "event_id holds TEXT"),
+    ("event_id", "event_id = x'00ff'", "event_id"),
+    ("recorded_at", "recorded_at = 'yesterday'", "recorded_at holds TEXT"),
+    ("recorded_at", "recorded_at = 1.5", "recorded_at holds REAL"),
+    ("stream", "stream = x'ff00'", "stream holds BLOB"),
+    ("stream", "stream = CAST(x'ff00' AS TEXT)", "stream"),
+    ("type", "type = x'00'", "type holds BLOB"),
+    ("type", "type = CAST(x'c3' AS TEXT)", "type"),
+    ("version", "version = 'one'", "version holds TEXT"),
+    ("schema", "schema = 'v1'", "schema holds TEXT"),
+]
+
+COMMANDS = [["verify"], ["replay"], ["replay", "--json"], ["stats"], ["tail", "-n", "10"]]
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(
+        main, ["--events-module", "tests.vocabulary", *args], catch_exceptions=False
+    )
+
+
+def _tampered(path: Path, edit: str) -> None:
+    with EventLog.open(path) as log:
+        log.append("s", [LogNote(text=f"n{i}", n=i) for i in range(5)])
+    with sqlite3.connect(path) as conn:
+        drop_append_only(conn)  # as anyone with the file would first
+        conn.execute(f"UPDATE events SET {edit} WHERE seq = {BAD_SEQ}")
+    conn.close()
+
+
+@pytest.mark.parametrize(("column", "edit", "named"), EDITS, ids=[e[1] for e in EDITS])
+def test_a_wrong_storage_type_is_named_by_seq_in_every_read_command(
+    tmp_path: Path, column: str, edit: str, named: str
+) -> None:
+    path = tmp_path / "log.db"
+    _tampered(path, edit)
+    for command in COMMANDS:
+        result = cli(command[0], str(path), *command[1:])
+        assert result.exit_code == 1, (command, result.output)
+        last = result.stderr.splitlines()[-1]
+        assert last.startswith(f"error: seq {BAD_SEQ}: column {column}"), (command, last)
+        assert named in last
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("column", "edit", "named"), EDITS[:3], ids=[e[1] for e in EDITS[:3]])
+def test_the_library_raises_damaged_record_error_with_the_seq(
+    tmp_path: Path, column: str, edit: str, named: str
+) -> None:
+    path = tmp_path / "log.db"
+    _tampered(path, edit)
+    with EventLog.open(path) as log:
+        with pytest.raises(DamagedRecordError) as caught:
+            list(log.read())
+        assert (caught.value.seq, caught.value.column) == (BAD_SEQ, column)
+        assert [r.seq for r in log.read(until_seq=BAD_SEQ - 1)] == [1, 2]
+
+
+def test_a_damaged_head_record_is_named_by_info(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with EventLog.open(path) as log:
+        log.append("s", [LogNote(text="a"), LogNote(text="b")])
+    with sqlite3.connect(path) as conn:
+        drop_append_only(conn)
+        conn.execute("UPDATE events SET chain = 'x' WHERE seq = 2")
+    conn.close()
+    result = cli("info", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: seq 2: column chain holds TEXT")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "payload = 'hello'::text",
+        "chain = 'x'::text",
+        "recorded_at = 'yesterday'",
+        "stream = E'a\\x00'",
+    ],
+)
+def test_postgresql_refuses_wrong_storage_types_itself(fresh_postgres_url: str, edit: str) -> None:
+    with EventLog.open(fresh_postgres_url) as log:
+        log.append("s", [LogNote(text=f"n{i}") for i in range(5)])
+    engine = sa.create_engine(resolve_url(fresh_postgres_url))
+    with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
+        drop_append_only(conn)
+        conn.exec_driver_sql(f"UPDATE events SET {edit} WHERE seq = 3")
+    engine.dispose()
+    assert cli("verify", fresh_postgres_url).exit_code == 0
+
+
+@pytest.mark.parametrize("flag", ["--from-seq", "--until-seq"])
+def test_a_seq_beyond_any_log_is_a_usage_error(tmp_path: Path, flag: str) -> None:
+    path = tmp_path / "log.db"
+    EventLog.open(path).close()
+    result = cli("replay", str(path), flag, "9" * 23)
+    assert result.exit_code == 2, result.output
+    assert "is beyond the largest seq a log can hold" in result.stderr
+    anchored = cli("verify", str(path), "--anchor", f"{'9' * 23}:{'0' * 64}")
+    assert anchored.exit_code == 2, anchored.output
+
+
+@pytest.mark.parametrize("stream", ["a\x00b", "lone \udc80 surrogate"])
+def test_a_stream_name_both_backends_cannot_store_is_refused_alike(
+    log_target: str, stream: str
+) -> None:
+    with EventLog.open(log_target) as log:
+        with pytest.raises(InvalidEventError, match="stream name is UTF-8 text without NUL"):
+            log.append(stream, [LogNote(text="x")])
+        assert log.head() == 0
+
+
+def test_a_lone_surrogate_in_a_field_is_refused_naming_the_item(log_target: str) -> None:
+    with EventLog.open(log_target) as log:
+        with pytest.raises(InvalidEventError, match="item 0: LogNote"):
+            log.append("s", [LogNote(text="\ud800")])
+        assert log.head() == 0
