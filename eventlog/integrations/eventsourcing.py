@@ -190,11 +190,10 @@ class _Recorder:
         limit: int | None,
     ) -> list[StoredEvent]:
         stream = self._event_stream(originator_id)
-        tail = self._tails.get(stream)
-        if tail is None and lte is None and (gt is not None or (desc and limit is not None)):
+        if lte is None and (gt is not None or (desc and limit is not None)):
             found = self._select_from_the_end(stream, gt, desc, limit)
         else:
-            found = self._select_forwards(stream, tail, gt, lte, desc, limit)
+            found = self._select_forwards(stream, self._tails.get(stream), gt, lte, desc, limit)
         if desc:
             found.reverse()
         return found if limit is None else found[:limit]
@@ -202,7 +201,8 @@ class _Recorder:
     def _select_from_the_end(
         self, stream: str, gt: int | None, desc: bool, limit: int | None
     ) -> list[StoredEvent]:
-        """The last records (a snapshot, the events after one), newest first: no tail needed."""
+        """The last records (a snapshot, the events after one): one read from the stream's end,
+        whatever the stream's length or the cached tail."""
         found: list[StoredEvent] = []
         page_size = limit if desc and limit is not None else 100
         for record in self.log.read_stream_backwards(stream, page_size=page_size):

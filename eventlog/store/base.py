@@ -50,6 +50,16 @@ _BY_ID_SQL = (
     "SELECT event_id, stream, seq, version, type, schema, payload FROM events"
     " WHERE event_id IN ({})"
 )
+# One stream read from its end (a stream's last records), prebuilt: building it per call
+# cost five times what the indexed read itself costs.
+_NO_VERSION_LIMIT = 2**62
+_STREAM_BACKWARDS = (
+    sa.select(*RECORD_COLUMNS)
+    .where(events.c.stream == sa.bindparam("stream"))
+    .where(events.c.version < sa.bindparam("upper"))
+    .order_by(events.c.version.desc())
+    .limit(sa.bindparam("size"))
+)
 _VERSIONS = (
     sa.select(events.c.stream, sa.func.max(events.c.version))
     .where(events.c.stream.in_(sa.bindparam("streams", expanding=True)))
@@ -493,14 +503,11 @@ class SqlStore:
         self, stream: str, before_version: int | None = None, page_size: int = 100
     ) -> Iterator[Record]:
         """One stream's records newest first, through the (stream, version) index."""
-        upper = before_version
+        upper = _NO_VERSION_LIMIT if before_version is None else before_version
         while True:
-            query = sa.select(*RECORD_COLUMNS).where(events.c.stream == stream)
-            if upper is not None:
-                query = query.where(events.c.version < upper)
-            query = query.order_by(events.c.version.desc()).limit(page_size)
+            params = {"stream": stream, "upper": upper, "size": page_size}
             with self._read_engine.connect() as conn:
-                page = [_record(row) for row in conn.execute(query)]
+                page = [_record(row) for row in conn.execute(_STREAM_BACKWARDS, params)]
             yield from page
             if len(page) < page_size:
                 return
