@@ -67,3 +67,17 @@ def test_saving_twice_into_one_directory_keeps_only_the_latest_rows(tmp_path: Pa
     fresh.load_checkpoint(latest)
     assert fresh.list_keys("p") == {"new": {}}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_importing_the_in_memory_plane_and_the_ledger_does_not_load_torch() -> None:
+    """The README's ledger example needs torch only for its checkpoint file (the torch extra)."""
+    probe = (
+        "import sys; sys.modules['torch'] = None; "
+        "from eventlog.dataplane.memory import InMemoryDataPlane; "
+        "from eventlog.recovery import MutationBarrier, RecoveryLedger; "
+        "plane = InMemoryDataPlane(); plane.delete_rows('staging', ['k']); "
+        "print(plane.list_partitions(), plane.list_keys('staging'))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] {}"
