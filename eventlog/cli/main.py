@@ -36,7 +36,10 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 # Vocabularies every command can decode without --events-module (imported by name, on start).
-DEFAULT_EVENTS_MODULES: tuple[str, ...] = ("eventlog.recovery.vocabulary",)
+DEFAULT_EVENTS_MODULES: tuple[str, ...] = (
+    "eventlog.recovery.vocabulary",
+    "eventlog.integrations.eventsourcing_events",  # no eventsourcing import: msgspec only
+)
 
 
 class LazyGroup(click.Group):
