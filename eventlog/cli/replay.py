@@ -1,10 +1,16 @@
-"""`eventlog replay`: read the log back, filtered, as a table for people or JSON lines."""
+"""`eventlog replay`: read the log back, filtered, as a table for people or JSON lines.
+
+The core command filters by stream, type, seq and time. A domain adds selectors (options
+that stand for streams, single records or a seq range, e.g. `--group G`, `--step N`) and
+marks (records that no longer count, e.g. rolled back by a restore) through `make_replay`.
+"""
 
 from __future__ import annotations
 
 import copy
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import click
@@ -12,36 +18,73 @@ import click
 from eventlog.cli.output import json_line, seq_progress, stderr_console, stdout_console
 from eventlog.cli.targets import open_log
 from eventlog.cli.times import time_option
-from eventlog.cli.views import RecordLines, RecordView, json_object, view_record
+from eventlog.cli.views import Mark, RecordLines, RecordView, json_object, view_record
 from eventlog.log import EventLog
 from eventlog.records import Record
 
 
-class StreamSelector(Protocol):
-    """A domain's way to name streams on `replay`'s command line (e.g. `--group G`)."""
+@dataclass
+class Selection:
+    """What one value of a selector stands for.
+
+    Records of `streams`, plus the single records `seqs` names (by their stream), all within
+    `seq_range` when one is given. Values of stream-like selectors add up; ranges narrow.
+    """
+
+    streams: list[str] = field(default_factory=list)
+    seqs: dict[str, set[int]] = field(default_factory=dict)
+    seq_range: tuple[int, int | None] | None = None
+
+
+class Selector(Protocol):
+    """A domain's way to name records on `replay`'s command line (e.g. `--group G`)."""
 
     def option(self) -> click.Option:
-        """The click option; its values reach `streams` one by one."""
+        """The click option; its values reach `select` one by one."""
         ...
 
-    def streams(self, log: EventLog, value: str) -> list[str]:
-        """The streams one value of the option stands for."""
+    def select(self, log: EventLog, value: str) -> Selection:
+        """The records one value of the option stands for (bad values raise InputError)."""
+        ...
+
+
+class Marker(Protocol):
+    """A domain's marks on records that no longer count, and the flag that hides them."""
+
+    title: str
+    """The table's mark column, e.g. "rolled back"."""
+    hide_flag: str
+    """e.g. "--effective"."""
+    hide_help: str
+
+    def marks(self, log: EventLog) -> Callable[[int], Mark | None] | None:
+        """The mark of the record at a seq (None when it counts); None when the log has no
+        marked record (then the table has no mark column)."""
         ...
 
 
 class ReplayCommand(click.Command):
-    """`replay` and the stream selectors it was built with."""
+    """`replay` and the selectors and marker it was built with."""
 
-    selectors: tuple[tuple[StreamSelector, str], ...] = ()  # (selector, its option's name)
+    selectors: tuple[tuple[Selector, str], ...] = ()  # (selector, its option's name)
+    marker: Marker | None = None
 
 
-def make_replay(selectors: Sequence[StreamSelector]) -> ReplayCommand:
-    """`replay` with the stream selectors a domain adds (the core command has none)."""
+HIDE_MARKED = "hide_marked"
+
+
+def make_replay(selectors: Sequence[Selector], marker: Marker | None = None) -> ReplayCommand:
+    """`replay` with the selectors and marker a domain adds (the core command has none)."""
     command = copy.copy(replay)
     options = [selector.option() for selector in selectors]
     command.selectors = tuple(
         (selector, str(option.name)) for selector, option in zip(selectors, options, strict=True)
     )
+    command.marker = marker
+    if marker is not None:
+        options.append(
+            click.Option([marker.hide_flag, HIDE_MARKED], is_flag=True, help=marker.hide_help)
+        )
     command.params = [*replay.params, *options]
     return command
 
@@ -93,7 +136,7 @@ def replay(
     until: int | None,
     as_json: bool,
     allow_unknown: bool,
-    **selected: tuple[str, ...],
+    **extra: tuple[str, ...] | bool,
 ) -> None:
     """Print TARGET's records in seq order, filtered.
 
@@ -102,30 +145,60 @@ def replay(
       seq, stream, version, event_id, type, recorded_at, data
     (recorded_at: ISO-8601 UTC with nanoseconds, e.g. 2026-11-29T12:00:00.123456789Z;
     data: the event's fields). With --allow-unknown an unreadable record has data = its raw
-    payload, plus "unknown": true and "schema".
+    payload, plus "unknown": true and "schema". A record rolled back by a restore also has
+    "rolled_back": true and "rolled_back_by" (the seq of that restore's RestoreStarted).
     Time filters compare recorded_at and scan the seq range (time is not indexed).
+    Output streams: memory stays flat however long the log.
     """
+    command = click.get_current_context().command
+    selectors = command.selectors if isinstance(command, ReplayCommand) else ()
+    marker = command.marker if isinstance(command, ReplayCommand) else None
+    hide_marked = bool(extra.get(HIDE_MARKED, False))
     with open_log(target) as log:
-        wanted: list[str] | None = None
-        command = click.get_current_context().command
-        selectors = command.selectors if isinstance(command, ReplayCommand) else ()
-        chosen = [(selector, value) for selector, name in selectors for value in selected[name]]
-        if streams or chosen:
-            wanted = list(streams)
-            for selector, value in chosen:
-                wanted.extend(selector.streams(log, value))
-            wanted = list(dict.fromkeys(wanted))
+        chosen = [
+            (selector, value)
+            for selector, name in selectors
+            for value in extra[name]  # type: ignore[union-attr]
+        ]
+        low, high = from_seq, until_seq
+        whole: set[str] = set(streams)
+        single: dict[str, set[int]] = {}
+        by_stream = bool(streams)
+        for selector, value in chosen:
+            found = selector.select(log, value)
+            if found.seq_range is not None:
+                low = max(low, found.seq_range[0])
+                end = found.seq_range[1]
+                if end is not None:
+                    high = end if high is None else min(high, end)
+            if found.streams or found.seqs:
+                by_stream = True
+                whole.update(found.streams)
+                for stream, seqs in found.seqs.items():
+                    single.setdefault(stream, set()).update(seqs)
+        wanted = sorted(whole | set(single)) if by_stream else None
         head = log.head()
-        last = head if until_seq is None else min(until_seq, head)
-        records = log.read_records(from_seq, until_seq, wanted, list(types) or None)
-        with seq_progress("replay", from_seq, last) as advance:
-            views = _views(records, advance, since, until, allow_unknown)
+        last = head if high is None else min(high, head)
+        mark_of = marker.marks(log) if marker is not None else None
+        records = log.read_records(low, high, wanted, list(types) or None)
+        if single:
+            records = (r for r in records if r.stream in whole or r.seq in single.get(r.stream, ()))
+        with seq_progress("replay", low, last) as advance:
+            views = _views(records, advance, since, until, allow_unknown, mark_of, hide_marked)
             if as_json:
                 out = sys.stdout
                 for view in views:
                     out.write(json_line(json_object(view)) + "\n")
                 return
-            printer = RecordLines(stdout_console(), seq_width=len(str(last)))
+            printer = RecordLines(
+                stdout_console(),
+                seq_width=len(str(last)),
+                mark_title=(
+                    marker.title
+                    if marker is not None and mark_of is not None and not hide_marked
+                    else None
+                ),
+            )
             try:
                 for view in views:
                     printer.add(view)
@@ -141,6 +214,8 @@ def _views(
     since: int | None,
     until: int | None,
     allow_unknown: bool,
+    mark_of: Callable[[int], Mark | None] | None,
+    hide_marked: bool,
 ) -> Iterator[RecordView]:
     for record in records:
         advance(record.seq)
@@ -148,4 +223,7 @@ def _views(
             continue
         if until is not None and record.recorded_at > until:
             continue
-        yield view_record(record, allow_unknown=allow_unknown)
+        mark = mark_of(record.seq) if mark_of is not None else None
+        if mark is not None and hide_marked:
+            continue
+        yield view_record(record, allow_unknown=allow_unknown, mark=mark)

@@ -16,8 +16,19 @@ from eventlog.errors import SchemaError
 from eventlog.records import Record, RecordedEvent
 
 
+class Mark(msgspec.Struct, frozen=True):
+    """What a domain says about a record that no longer counts (e.g. rolled back by a restore).
+
+    `text` is the table's mark column; `fields` are merged into the record's JSON object.
+    """
+
+    text: str
+    fields: dict[str, Any]
+
+
 class RecordView(msgspec.Struct, frozen=True):
-    """One record ready to print: fields as JSON-friendly builtins, or raw when undecodable."""
+    """The CLI's one record envelope: fields as JSON-friendly builtins (or raw when
+    undecodable), and the mark a domain put on it."""
 
     seq: int
     stream: str
@@ -28,9 +39,10 @@ class RecordView(msgspec.Struct, frozen=True):
     recorded_at: int
     data: Any
     unknown: bool = False
+    mark: Mark | None = None
 
 
-def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
+def view_record(record: Record, *, allow_unknown: bool, mark: Mark | None = None) -> RecordView:
     """Decode a record; with `allow_unknown`, an unreadable one is shown raw instead of failing."""
     try:
         event = codec.decode(record.type, record.schema, record.payload, seq=record.seq)
@@ -40,15 +52,17 @@ def view_record(record: Record, *, allow_unknown: bool) -> RecordView:
         if not allow_unknown:
             raise
         data, unknown = raw_data(record.payload), True
-    return _view(record, data, unknown)
+    return _view(record, data, unknown, mark)
 
 
-def view_decoded(record: RecordedEvent) -> RecordView:
+def view_decoded(record: RecordedEvent, mark: Mark | None = None) -> RecordView:
     """A record the log already decoded (from `read` or `subscribe`)."""
-    return _view(record, codec.to_builtins(record.event), False)
+    return _view(record, codec.to_builtins(record.event), False, mark)
 
 
-def _view(record: Record | RecordedEvent, data: Any, unknown: bool) -> RecordView:
+def _view(
+    record: Record | RecordedEvent, data: Any, unknown: bool, mark: Mark | None
+) -> RecordView:
     return RecordView(
         seq=record.seq,
         stream=record.stream,
@@ -59,6 +73,7 @@ def _view(record: Record | RecordedEvent, data: Any, unknown: bool) -> RecordVie
         recorded_at=record.recorded_at,
         data=data,
         unknown=unknown,
+        mark=mark,
     )
 
 
@@ -77,7 +92,7 @@ def json_object(view: RecordView) -> dict[str, Any]:
     """The `--json` form: seq, stream, version, event_id, type, recorded_at, data.
 
     recorded_at is ISO-8601 UTC with nanoseconds. A record shown raw also has "unknown": true
-    and its "schema" version.
+    and its "schema" version; a marked one, the mark's fields (e.g. "rolled_back": true).
     """
     obj: dict[str, Any] = {
         "seq": view.seq,
@@ -91,6 +106,8 @@ def json_object(view: RecordView) -> dict[str, Any]:
     if view.unknown:
         obj["unknown"] = True
         obj["schema"] = view.schema
+    if view.mark is not None:
+        obj |= view.mark.fields
     return obj
 
 
@@ -117,9 +134,18 @@ class RecordLines:
     TYPE_CAP = 28
 
     def __init__(
-        self, console: Console, seq_width: int, *, header: bool = True, chunk: int = 200
+        self,
+        console: Console,
+        seq_width: int,
+        *,
+        header: bool = True,
+        chunk: int = 200,
+        mark_title: str | None = None,
     ) -> None:
         self.console = console
+        self.mark_title = mark_title
+        """With a title, a column of marks after the time (blank for unmarked records)."""
+        self.mark_width = 0
         self.styled = console.is_terminal
         self.seq_width = max(seq_width, 3)
         self.header = header
@@ -144,6 +170,9 @@ class RecordLines:
         type_width = max(len(self._type_label(v)) for v in self.rows)
         self.stream_width = max(self.stream_width, min(stream_width, self.STREAM_CAP), 6)
         self.type_width = max(self.type_width, min(type_width, self.TYPE_CAP), 4)
+        if self.mark_title is not None:
+            marks = [len(v.mark.text) for v in self.rows if v.mark is not None]
+            self.mark_width = max(self.mark_width, len(self.mark_title), *marks)
         if self.styled:
             self._print_styled()
         else:
@@ -156,9 +185,13 @@ class RecordLines:
         if self.styled:
             stream = _ellipsis(stream, self.stream_width)
             type_label = _ellipsis(type_label, self.type_width)
+        moment = short_time(view.recorded_at)
+        if self.mark_title is not None:
+            mark = view.mark.text if view.mark is not None else ""
+            moment = f"{moment}  {mark:<{self.mark_width}}"
         return (
             f"{view.seq:>{self.seq_width}}",
-            short_time(view.recorded_at),
+            moment,
             f"{stream:<{self.stream_width}}",
             f"{view.version:>4}",
             f"{type_label:<{self.type_width}}",
@@ -166,9 +199,12 @@ class RecordLines:
         )
 
     def _header_cells(self) -> tuple[str, ...]:
+        moment = f"{'time (UTC)':<23}"
+        if self.mark_title is not None:
+            moment = f"{moment}  {self.mark_title:<{self.mark_width}}"
         return (
             f"{'seq':>{self.seq_width}}",
-            f"{'time (UTC)':<23}",
+            moment,
             f"{'stream':<{self.stream_width}}",
             f"{'ver':>4}",
             f"{'type':<{self.type_width}}",
@@ -203,6 +239,7 @@ class RecordLines:
                     (type_label, "red" if view.unknown else "cyan"),
                     "  ",
                     (fields, "dim" if view.unknown else ""),
+                    style="dim" if view.mark is not None else "",
                 )
             )
         self.console.print(Text("\n").join(lines), no_wrap=True, overflow="ellipsis", crop=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.cli_vocabulary  # noqa: F401  (registers the Cli* event types the logs hold)
 from tests.cli.helpers import cli, line
 
 
@@ -35,3 +36,6 @@ def audit_log(log_file: str) -> str:
     for record in records:
         assert cli("append", log_file, input=record + "\n").exit_code == 0
     return log_file
+
+
+from tests.cli.audited_run import run_fixture  # noqa: E402,F401  (the `run` fixture)

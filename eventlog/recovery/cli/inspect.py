@@ -23,10 +23,9 @@ from eventlog.cli.times import short_time
 from eventlog.cli.views import json_object, summary, view_decoded
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
-from eventlog.recovery.cli.replay import group_streams
-from eventlog.recovery.vocabulary import CONTROLLER_STREAM, group_stream
+from eventlog.recovery.cli.runlog import RunLog, about_group
+from eventlog.recovery.vocabulary import group_stream
 from projections.audit_group import GroupSummary, TimelineEntry, group_timeline, summarize_group
-from projections.history import RolledBack, rolled_back
 
 
 @click.group()
@@ -45,11 +44,9 @@ def load_group(
             hint="`eventlog stats TARGET` counts the groups; `eventlog replay TARGET --type "
             "GroupReserved --json` lists their ids",
         )
-    skipped: RolledBack = rolled_back(log.read_stream(CONTROLLER_STREAM))
-    records = {
-        rec.seq: rec for stream in group_streams(log, group_id) for rec in log.read_stream(stream)
-    }
-    return group_timeline(records.values(), skipped), records
+    run = RunLog(log)
+    records = {rec.seq: rec for rec in about_group(log, group_id, run)}
+    return group_timeline(records.values(), run.skipped), records
 
 
 def _fields(entry: TimelineEntry, group_id: str) -> dict[str, Any]:

@@ -1,58 +1,85 @@
-"""`eventlog replay` with `--group G`: a prompt group's own stream and its attempts' streams."""
+"""`eventlog replay` for rollout recovery: `--group G`, `--step N`, `--checkpoint N`, and
+rolled-back records marked (`--effective` hides them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
-import msgspec
 
-from eventlog import codec
-from eventlog.cli.replay import make_replay
+from eventlog.cli.replay import Selection, make_replay
+from eventlog.cli.views import Mark
 from eventlog.log import EventLog
-from eventlog.recovery.vocabulary import attempt_stream, group_stream
-
-
-def group_streams(log: EventLog, group_id: str) -> list[str]:
-    """A group's stream plus the attempt streams of every rollout id its events name.
-
-    One read of the group's own (small) stream finds them; attempts are always named by a
-    `rollout_id` field, so this does not depend on which events carry them.
-    """
-    stream = group_stream(group_id)
-    rollout_ids: set[str] = set()
-    for record in log.read_records(streams=[stream]):
-        try:
-            _collect_rollout_ids(codec.raw_fields(record.payload), rollout_ids)
-        except msgspec.DecodeError:
-            continue  # a corrupt payload: replay itself will report it
-    return [stream, *(attempt_stream(rollout_id) for rollout_id in sorted(rollout_ids))]
-
-
-def _collect_rollout_ids(value: object, found: set[str]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key == "rollout_id" and isinstance(item, str) and item:
-                found.add(item)
-            else:
-                _collect_rollout_ids(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            _collect_rollout_ids(item, found)
+from eventlog.recovery.cli.runlog import RunLog, group_selection
 
 
 class GroupSelector:
-    """`--group G`: stream group/G and the attempt streams of its rollout ids."""
+    """`--group G`: every record about G wherever it lives (see `group_selection`)."""
 
     def option(self) -> click.Option:
         return click.Option(
             ["--group", "groups"],
             multiple=True,
             metavar="G",
-            help="Only prompt group G: stream group/G and the attempt streams of its rollout "
-            "ids (repeatable).",
+            help="Only records about prompt group G: its stream, its attempts' streams, the "
+            "replay records that name it (trained in step N), the clean-ups of its rows and "
+            "the restores that rolled it back (repeatable).",
         )
 
-    def streams(self, log: EventLog, value: str) -> list[str]:
-        return group_streams(log, value)
+    def select(self, log: EventLog, value: str) -> Selection:
+        return group_selection(log, value)
 
 
-replay = make_replay([GroupSelector()])
+def _step(value: str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a step number", param_hint=what) from None
+
+
+class StepSelector:
+    """`--step N`: the records of step N's work, after step N-1's checkpoint up to N's."""
+
+    def option(self) -> click.Option:
+        return click.Option(
+            ["--step", "steps"],
+            multiple=True,
+            metavar="N",
+            help="Only the records of step N: after the checkpoint of step N-1, up to and "
+            "including the checkpoint of step N (the step in progress: up to the head).",
+        )
+
+    def select(self, log: EventLog, value: str) -> Selection:
+        return Selection(seq_range=RunLog(log).step_range(_step(value, "--step")))
+
+
+class CheckpointSelector:
+    """`--checkpoint N`: the log as it stood at step N's effective checkpoint."""
+
+    def option(self) -> click.Option:
+        return click.Option(
+            ["--checkpoint", "checkpoints"],
+            multiple=True,
+            metavar="N",
+            help="Only records up to and including the effective checkpoint of step N.",
+        )
+
+    def select(self, log: EventLog, value: str) -> Selection:
+        return Selection(seq_range=(1, RunLog(log).checkpoint_seq(_step(value, "--checkpoint"))))
+
+
+class RolledBackMarker:
+    """Records a restore rolled back: kept in the log, counted by no rebuild."""
+
+    title = "rolled back by"
+    hide_flag = "--effective"
+    hide_help = "Hide records a restore rolled back (the history every rebuild sees)."
+
+    def marks(self, log: EventLog) -> Callable[[int], Mark | None] | None:
+        run = RunLog(log)
+        return run.mark if run.skipped else None
+
+
+replay = make_replay(
+    [GroupSelector(), StepSelector(), CheckpointSelector()], marker=RolledBackMarker()
+)

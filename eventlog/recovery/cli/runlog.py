@@ -1,0 +1,237 @@
+"""What every recovery audit command reads first: the controller stream, and from it which
+records a restore rolled back (and which restore), the effective checkpoints and the steps.
+
+The controller stream is small (checkpoints, restores, staging clean-ups), so one read of it
+up front lets every command stream the rest of the log once, in seq order, with flat memory.
+Which records count is `projections.history.rolled_back`'s answer; this module only asks it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from eventlog import codec
+from eventlog.cli.exits import CliUsageError
+from eventlog.cli.replay import Selection
+from eventlog.cli.views import Mark
+from eventlog.errors import SchemaError
+from eventlog.log import EventLog, decode_record
+from eventlog.records import Record, RecordedEvent
+from eventlog.recovery.vocabulary import (
+    CONTROLLER_STREAM,
+    REPLAY_STREAM,
+    CheckpointCommitted,
+    RestoreCompleted,
+    RestoreStarted,
+    attempt_stream,
+    group_stream,
+)
+from projections.history import RolledBack, effective_checkpoints, rolled_back
+
+
+def decoded(record: Record) -> RecordedEvent | None:
+    """The record decoded, or None for an unknown type or a newer schema (counted, not audited)."""
+    try:
+        return decode_record(record)
+    except SchemaError:
+        return None
+
+
+def decoded_all(records: Iterable[Record]) -> Iterator[RecordedEvent]:
+    for record in records:
+        found = decoded(record)
+        if found is not None:
+            yield found
+
+
+def nearest(wanted: str, valid: Iterable[str], n: int = 3) -> str:
+    """ "nearest: a, b, c" for an error message (close spellings first, else the first few)."""
+    choices = sorted(set(valid))
+    if not choices:
+        return "the log has none"
+    close = sorted(difflib.get_close_matches(wanted, choices, n=n, cutoff=0.5)) or choices[:n]
+    return "nearest: " + ", ".join(close)
+
+
+def nearest_numbers(wanted: int, valid: Iterable[int], n: int = 3) -> str:
+    choices = sorted(set(valid))
+    if not choices:
+        return "the log has none"
+    close = sorted(sorted(choices, key=lambda v: (abs(v - wanted), v))[:n])
+    return "nearest: " + ", ".join(str(v) for v in close)
+
+
+class RunLog:
+    """The controller stream of a log, read once: rolled-back ranges, restores, checkpoints."""
+
+    def __init__(self, log: EventLog, *, until_seq: int | None = None) -> None:
+        self.log = log
+        self.head = log.head() if until_seq is None else min(until_seq, log.head())
+        self.controller = [
+            r
+            for r in decoded_all(log.read_records(streams=[CONTROLLER_STREAM]))
+            if r.seq <= self.head
+        ]
+        self.skipped: RolledBack = rolled_back(self.controller)
+        self.restores: list[tuple[RecordedEvent, RolledBack]] = [
+            (r, rolled_back([r])) for r in self.controller if isinstance(r.event, RestoreStarted)
+        ]
+        self.checkpoints: list[tuple[int, CheckpointCommitted]] = effective_checkpoints(
+            self.controller, self.skipped
+        )
+        self._restore_seqs = [r.seq for r, _ in self.restores]
+
+    # -- rolled back --------------------------------------------------------------------------
+
+    def rolled_back_by(self, seq: int) -> int | None:
+        """The seq of the RestoreStarted that first rolled this record back, if any did."""
+        if seq not in self.skipped:
+            return None
+        at = bisect.bisect_right(self._restore_seqs, seq)
+        for record, ranges in self.restores[at:]:
+            if seq in ranges:
+                return record.seq
+        return None  # pragma: no cover - every skipped seq lies in some restore's range
+
+    def mark(self, seq: int) -> Mark | None:
+        by = self.rolled_back_by(seq)
+        if by is None:
+            return None
+        return Mark(text=str(by), fields={"rolled_back": True, "rolled_back_by": by})
+
+    # -- steps and checkpoints ----------------------------------------------------------------
+
+    def checkpoint_seq(self, step: int) -> int:
+        """The seq of the effective checkpoint of `step` (the newest when several)."""
+        found = [seq for seq, ev in self.checkpoints if ev.step == step]
+        if not found:
+            raise CliUsageError(
+                f"checkpoint {step}: the log has no effective checkpoint of step {step} ("
+                + nearest_numbers(step, [ev.step for _, ev in self.checkpoints])
+                + ")"
+            )
+        return found[-1]
+
+    def steps(self) -> list[int]:
+        """Steps with an effective checkpoint, plus the one in progress after the last."""
+        done = sorted({ev.step for _, ev in self.checkpoints})
+        last_seq = self.checkpoints[-1][0] if self.checkpoints else 0
+        if self.head > last_seq:
+            done.append(done[-1] + 1 if done else 0)
+        return done
+
+    def step_range(self, step: int) -> tuple[int, int | None]:
+        """The seqs of step N's work: after step N-1's checkpoint, up to step N's (inclusive).
+
+        The step in progress (no checkpoint yet) runs to the head.
+        """
+        steps = self.steps()
+        if step not in steps:
+            raise CliUsageError(f"step {step}: not in the log ({nearest_numbers(step, steps)})")
+        before = [seq for seq, ev in self.checkpoints if ev.step < step]
+        low = before[-1] + 1 if before else 1
+        ends = [seq for seq, ev in self.checkpoints if ev.step == step]
+        return low, (ends[-1] if ends else None)
+
+
+# -- a group and every record about it --------------------------------------------------------
+
+
+def _collect(value: object, key: str, found: set[str]) -> None:
+    """Every string under `key` (or in a list under it) anywhere in a raw payload."""
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if k == key and isinstance(item, str) and item:
+                found.add(item)
+            elif k == key and isinstance(item, list):
+                found.update(i for i in item if isinstance(i, str))
+            else:
+                _collect(item, key, found)
+    elif isinstance(value, list):
+        for item in value:
+            _collect(item, key, found)
+
+
+def _raw(record: Record) -> object:
+    try:
+        return codec.raw_fields(record.payload)
+    except msgspec.DecodeError:
+        return None  # a corrupt payload: replay itself will report it
+
+
+def group_ids(log: EventLog) -> list[str]:
+    """Every group id ever reserved (for error messages: it scans the log by type)."""
+    return [
+        r.stream.removeprefix("group/")
+        for r in log.read_records(types=["GroupReserved"])
+        if r.stream.startswith("group/")
+    ]
+
+
+def require_group(log: EventLog, group_id: str) -> None:
+    if log.stream_version(group_stream(group_id)) is None:
+        raise CliUsageError(
+            f"group {group_id!r}: the log has no stream {group_stream(group_id)!r} ("
+            + nearest(group_id, group_ids(log))
+            + ")",
+            hint="`eventlog inspect step TARGET N` lists the groups of a step",
+        )
+
+
+def group_selection(log: EventLog, group_id: str, run: RunLog | None = None) -> Selection:
+    """Every record about group G wherever it lives, as a replay selection.
+
+    Its stream; the attempt streams of every rollout id it named; the replay stream's records
+    naming it (selected, released, consumed = trained, evicted); the controller's records
+    that cleared its attempts' rows or rolled back any of its records.
+    """
+    require_group(log, group_id)
+    stream = group_stream(group_id)
+    rollout_ids: set[str] = set()
+    for record in log.read_records(streams=[stream]):
+        _collect(_raw(record), "rollout_id", rollout_ids)
+    streams = [stream, *(attempt_stream(rid) for rid in sorted(rollout_ids))]
+    single: dict[str, set[int]] = {}
+    for raw in log.read_records(streams=[REPLAY_STREAM]):
+        groups: set[str] = set()
+        _collect(_raw(raw), "group_ids", groups)
+        if group_id in groups:
+            single.setdefault(REPLAY_STREAM, set()).add(raw.seq)
+    run = run if run is not None else RunLog(log)
+    own_seqs = [r.seq for r in log.read_records(streams=streams)]
+    controller: set[int] = set()
+    restored_from: set[int] = set()
+    for rec in run.controller:
+        event = rec.event
+        if isinstance(event, RestoreStarted):
+            ranges = rolled_back([rec])
+            if any(seq in ranges for seq in own_seqs):
+                controller.add(rec.seq)
+                restored_from.add(event.rolled_back_from_seq)
+        elif isinstance(event, RestoreCompleted):  # goes with its RestoreStarted
+            if event.rolled_back_from_seq in restored_from:
+                controller.add(rec.seq)
+        else:
+            named: set[str] = set()
+            _collect(codec.to_builtins(event), "rollout_id", named)
+            if named & rollout_ids:
+                controller.add(rec.seq)
+    if controller:
+        single[CONTROLLER_STREAM] = controller
+    return Selection(streams=streams, seqs=single)
+
+
+def about_group(log: EventLog, group_id: str, run: RunLog) -> list[RecordedEvent]:
+    """The records of `group_selection`, decoded, in seq order."""
+    selection = group_selection(log, group_id, run)
+    wanted = sorted({*selection.streams, *selection.seqs})
+    whole = set(selection.streams)
+    return [
+        rec
+        for rec in decoded_all(log.read_records(streams=wanted))
+        if rec.stream in whole or rec.seq in selection.seqs.get(rec.stream, ())
+    ]
