@@ -10,7 +10,8 @@ and training after the restore.
             checkpoint 1
     then    g1_g2 sealed; g3 reserved and dispatched; g1_g1-a1 finished (not sealed)
             crash, restore to checkpoint 1: all of that rolled back
-    step 2: g3's prompt reserved again as g3b; g1 and g3b sealed, finalized, trained in step 2; checkpoint 2
+    step 2: g3's prompt reserved again as g3b; g1 and g3b sealed, finalized, trained in
+            step 2; checkpoint 2
 """
 
 from __future__ import annotations
