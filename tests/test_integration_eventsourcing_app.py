@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid5
@@ -88,6 +89,18 @@ class Tallies(ProcessApplication[UUID]):
         processing_event.collect_events(tally)
 
 
+class SlowTallies(Tallies):
+    """Tallies that take a while per notification, so a kill lands mid-way."""
+
+    name = "Tallies"
+
+    def policy(
+        self, domain_event: DomainEventProtocol[UUID], processing_event: ProcessingEvent[UUID]
+    ) -> None:
+        time.sleep(0.02)
+        super().policy(domain_event, processing_event)
+
+
 def _env(target: str) -> dict[str, str]:
     return {"PERSISTENCE_MODULE": "eventlog.integrations.eventsourcing", "EVENTLOG_URL": target}
 
@@ -104,6 +117,39 @@ def bank_child() -> None:
         balance = bank.deposit(account_id, 1)
         print("saved", account_id, balance, flush=True)
         step += 1
+
+
+def tallies_child() -> None:
+    """The follower the test kills: processes the bank's notifications one save at a time."""
+    env = _env(os.environ["EVENTLOG_URL"])
+    bank = Bank(env=env)
+    tallies = SlowTallies(env=env)
+    tallies.follow(bank.name, bank.notification_log)
+    tallies.pull_and_process(bank.name)
+
+
+def _kill_follower_mid_way(target: str, after: int) -> int:
+    """Start the follower, SIGKILL it once it tracked `after` notifications; how many it had."""
+    code = "from tests.test_integration_eventsourcing_app import tallies_child; tallies_child()"
+    env = {**os.environ, "EVENTLOG_URL": target, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
+    stream = "es/Tallies/tracking/Bank"
+    try:
+        with EventLog.open(target) as log:
+            deadline = time.monotonic() + 60
+            while (log.stream_version(stream) or 0) + 1 < after:
+                assert proc.poll() is None, "the follower exited before it was killed"
+                assert time.monotonic() < deadline, "the follower tracked nothing in 60 s"
+                time.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            version = log.stream_version(stream)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return 0 if version is None else version + 1
 
 
 def _run_and_kill(target: str, saves: int) -> dict[UUID, int]:
@@ -161,6 +207,10 @@ def test_application_survives_a_killed_writer_and_a_process_application_counts_o
             for n in bank.recorder.select_notifications(start=None, limit=10_000)
             if n.topic.endswith("Account.Deposited")
         )
+
+        # A follower killed mid-way leaves whole steps: events and tracking record together.
+        tracked = _kill_follower_mid_way(log_target, after=5)
+        assert 5 <= tracked < deposit_events + len(reported)
 
         # The process application follows the bank: each deposit counted once.
         tallies = Tallies(env=_env(log_target))

@@ -69,6 +69,8 @@ STORED_TYPE = "eventsourcing.StoredEvent"
 TRACKING_TYPE = "eventsourcing.Tracking"
 _RETRIES = 10
 """Lost races re-read the streams and try again; each retry means another writer appended."""
+_KNOWN_TAILS = 100_000
+"""Streams whose tail a recorder remembers (forgotten all at once past this: a re-read each)."""
 _WAIT_S = 0.2
 """How long a subscription sleeps between checks that it has not been stopped."""
 
@@ -171,6 +173,8 @@ class _Recorder:
             except ConcurrencyError:
                 fresh = True  # another writer appended: look again, it may be a real conflict
                 continue
+            if len(self._tails) > _KNOWN_TAILS:
+                self._tails.clear()
             for request, result in zip(requests, results, strict=True):
                 last = request.events[-1]
                 assert isinstance(last, EsStoredEvent | EsTracking)
