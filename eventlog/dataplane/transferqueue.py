@@ -405,6 +405,14 @@ def start_transferqueue(*, temp_root: str | None = None, num_cpus: int = 3) -> T
     return runtime
 
 
+def join_transferqueue() -> TransferQueueDataPlane:
+    """The data plane of the TQ already running in this Ray cluster (e.g. inside an actor)."""
+    if not ray.is_initialized():
+        raise DataPlaneError("Ray is not initialised in this process; nothing to join")
+    _call("join the running TransferQueue", tq.init)
+    return TransferQueueDataPlane()
+
+
 def _shutdown_quietly() -> None:
     for step, fn in (("tq.close", tq.close), ("ray.shutdown", ray.shutdown)):
         try:

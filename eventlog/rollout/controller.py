@@ -40,7 +40,7 @@ from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
 from eventlog.recovery.restore import GroupPlan, Prompt, RestorePlan
 from eventlog.recovery.vocabulary import AttemptRef, PromptRef, group_stream, rollout_id_for
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
-from eventlog.rollout.pool import AttemptSkipped, WorkerPool
+from eventlog.rollout.pool import AttemptSkipped, RolloutPool, WorkerPool
 from eventlog.rollout.rows import TRAINING_PARTITION, StepReport, canonical_rows, step_report
 from eventlog.rollout.sampling import Sampling, TokenEngine
 from eventlog.rollout.settings import LoopSettings
@@ -110,7 +110,7 @@ class Controller:
         *,
         log: EventLog,
         data_plane: DataPlane,
-        engine: TokenEngine,
+        engine: TokenEngine | None,
         source: PromptSource,
         config: RecoveryConfig,
         settings: LoopSettings,
@@ -118,6 +118,7 @@ class Controller:
         faults: FaultPlan | None = None,
         owner: str | None = None,
         restore_step: int | None = None,
+        pool: RolloutPool | None = None,
     ) -> None:
         if config.rollout_recovery is None:
             raise ConfigError(
@@ -134,15 +135,21 @@ class Controller:
         """Which checkpoint a restart goes back to: its step, or None for the newest."""
         self.staging = config.token_capture.staging_partition
         self.barrier = MutationBarrier("controller")
-        self.pool = WorkerPool(
-            engine,
-            log,
-            data_plane,
-            workers=settings.workers,
-            slots=settings.slots,
-            partition=self.staging,
-            faults=faults,
-        )
+        self.pool: RolloutPool
+        if pool is not None:  # e.g. rollout actors (eventlog.rollout.actor.ActorPool)
+            self.pool = pool
+        elif engine is None:
+            raise ConfigError("controller: pass an engine (in-process workers) or a pool")
+        else:
+            self.pool = WorkerPool(
+                engine,
+                log,
+                data_plane,
+                workers=settings.workers,
+                slots=settings.slots,
+                partition=self.staging,
+                faults=faults,
+            )
         self.report = RunReport()
         self._ledger: RecoveryLedger | None = None
         self._groups: dict[str, _Group] = {}

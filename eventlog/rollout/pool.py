@@ -18,6 +18,7 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.log import EventLog
@@ -65,6 +66,28 @@ class PrioritySlots:
                 waiter.set_result(None)  # the slot passes straight to the next waiter
                 return
         self._free += 1
+
+
+class RolloutPool(Protocol):
+    """What the controller asks of its workers: in process (`WorkerPool`) or Ray actors."""
+
+    weight_version: int
+    replaced: list[tuple[str, str]]
+
+    def set_weight_version(self, version: int) -> None: ...
+
+    async def run(
+        self,
+        priority: Sequence[int],
+        group_id: str,
+        generation_index: int,
+        attempt: int,
+        prompt: str,
+        sampling: Sampling,
+        agent_name: str | None,
+        *,
+        wanted: Callable[[], bool] | None = None,
+    ) -> AttemptResult: ...
 
 
 class WorkerPool:

@@ -12,7 +12,8 @@ It returns an `AttemptResult`: the receipt (rollout id + staging keys in call or
 reward and mask_sample. It never seals: whether a result becomes the sibling's result is the
 controller's decision, on the ``group/`` stream.
 
-Workers append to the log directly rather than through the controller. The attempt streams
+Workers append to the log themselves rather than through the controller's ledger (in a Ray
+actor, through an `AttemptLog` route: `eventlog.rollout.actor`). The attempt streams
 are theirs alone (the controller never writes them), so there is no contention on versions;
 each worker appends with exact expected versions (``NO_STREAM`` for the start), which makes
 two workers running the same rollout id a ConcurrencyError instead of a silent interleave.
@@ -40,14 +41,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.events import Event
-from eventlog.log import EventLog
-from eventlog.records import NO_STREAM, AppendRequest
+from eventlog.records import NO_STREAM, AppendRequest, AppendResult
 from eventlog.recovery.config import DEFAULT_STAGING_PARTITION
 from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.recovery.vocabulary import (
@@ -70,6 +70,19 @@ T = TypeVar("T")
 
 TokenObserver = Callable[[str, int, SampleDelta], None]
 """Called with (rollout id, call index, delta) for every delta, before fault checks."""
+
+
+class AttemptLog(Protocol):
+    """Where a worker's attempt events go: the `EventLog` itself, or a route to it.
+
+    A worker in the controller's process appends to the shared `EventLog`; a worker in a Ray
+    actor appends through `eventlog.rollout.actor` (its own log connection, or forwarded to
+    the controller). Either way an append returns only once the events are durable.
+    """
+
+    async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """Append atomically; the results once durable (errors raise, nothing appended)."""
+        ...
 
 
 def staging_key(rollout_id: str, call: int) -> str:
@@ -212,7 +225,7 @@ class RolloutWorker:
     def __init__(
         self,
         engine: TokenEngine,
-        log: EventLog,
+        log: AttemptLog,
         data_plane: DataPlane,
         *,
         worker_id: str | None = None,
