@@ -1,11 +1,16 @@
-"""Recovery statistics per agent and task: "how much work did recovery cost?".
+"""Recovery statistics per agent and task, and per step: "how much work did recovery cost,
+what did each step train, how stale, and how much was thrown away?".
 
-Folded record by record (`fold_audit`, records in seq order), then `report`.
+Folded record by record (`fold_audit`, records in seq order), then `report`. Steps are told
+apart by the effective checkpoints, given up front like the rolled-back ranges: step N's
+records lie after step N-1's checkpoint, up to and including step N's.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -23,6 +28,8 @@ from eventlog.recovery.vocabulary import (
     GroupFinalized,
     GroupReserved,
     GroupSealed,
+    ReplayConsumed,
+    ReplayEvicted,
     RestoreCompleted,
     RestoreStarted,
     RetryPrepared,
@@ -33,8 +40,11 @@ from eventlog.recovery.vocabulary import (
     UnsealedAbandoned,
     rollout_id_for,
 )
-from projections.audit import AuditRecord, group_of_rollout
+from projections.audit import AUDIT_TYPES, AuditRecord, group_of_rollout
 from projections.history import RolledBack
+
+STATS_TYPES = AUDIT_TYPES | {ReplayConsumed.__name__, ReplayEvicted.__name__}
+"""Record types `fold_audit` reads (the per-step figures also need training)."""
 
 Key = tuple[str | None, str | None]
 """(agent_name, task_name) of a group, as its GroupReserved recorded them."""
@@ -51,8 +61,10 @@ class KeyStats:
     """Groups reserved (effective reservations)."""
     finalized: int = 0
     discarded: int = 0
-    attempts: int = 0
-    """Attempts dispatched to workers, rolled back or not (each was real work)."""
+    dispatched: int = 0
+    """Attempts dispatched to workers (SiblingsDispatched), rolled back or not."""
+    started: int = 0
+    """Attempts a worker started (GenerationStarted), rolled back or not (real work)."""
     retries: int = 0
     """Attempts minted by RetryPrepared (after a failure, an abandon or a restore)."""
     failed: int = 0
@@ -85,8 +97,36 @@ class _Attempt:
     rows: int = 0
     tokens: int = 0
     started_ns: int | None = None
+    weight_version: int | None = None
     sealed: bool = False
     dead: bool = False
+    tokens_by_step: Counter[int] = field(default_factory=Counter)
+    """Tokens staged, by the step whose records staged them."""
+
+
+@dataclass
+class StepStats:
+    """The counters of one step."""
+
+    groups_trained: int = 0
+    """Groups the trainer consumed at this step (ReplayConsumed, effective)."""
+    siblings_trained: int = 0
+    staleness: Counter[int] = field(default_factory=Counter)
+    """Trained step - weight version the sibling was generated with, per trained sibling."""
+    tokens_trained: int = 0
+    """Tokens of the sealed attempts of the groups trained at this step."""
+    tokens_thrown_away: int = 0
+    """Tokens staged during this step by attempts no kept seal owns (failed, abandoned,
+    superseded, rolled back, discarded)."""
+    retries: int = 0
+    """Attempts minted by RetryPrepared during this step, rolled back or not."""
+    failed: int = 0
+    restores: int = 0
+    rolled_back_records: int = 0
+    """Records the restores of this step rolled back."""
+    siblings_reused: int = 0
+    siblings_redispatched: int = 0
+    rows_cleared: int = 0
 
 
 @dataclass
@@ -117,6 +157,28 @@ class AuditState:
     orphans: dict[str, list[str]] = field(default_factory=dict)
     """Attempts named while their group was not in the ledger (a rolled-back reservation)."""
     in_restore: bool = False
+    checkpoints_at: list[tuple[int, int]] = field(default_factory=list)
+    """(seq, step) of the effective checkpoints, in seq order: the step boundaries."""
+    by_step: dict[int, StepStats] = field(default_factory=dict)
+    trainable: dict[str, list[tuple[int | None, int]]] = field(default_factory=dict)
+    """Finalized groups not yet trained: (weight version, tokens) of each sealed sibling."""
+    seq: int = 0
+    """The seq of the record being folded."""
+
+    def step_of(self, seq: int) -> int:
+        """The step whose records include `seq`: the first checkpoint at or after it, or the
+        step after the last checkpoint."""
+        at = bisect.bisect_left(self.checkpoints_at, (seq, -(10**18)))
+        if at < len(self.checkpoints_at):
+            return self.checkpoints_at[at][1]
+        return self.checkpoints_at[-1][1] + 1 if self.checkpoints_at else 0
+
+    def step(self, step: int | None = None) -> StepStats:
+        step = self.step_of(self.seq) if step is None else step
+        found = self.by_step.get(step)
+        if found is None:
+            found = self.by_step[step] = StepStats()
+        return found
 
     def stats(self, key: Key) -> KeyStats:
         found = self.by_key.get(key)
@@ -140,13 +202,19 @@ def _attempt(state: AuditState, group_id: str, index: int, rollout_id: str) -> _
     return found
 
 
-def _settle(stats: KeyStats, attempt: _Attempt, kept: bool) -> None:
+def _settle(
+    stats: KeyStats, attempt: _Attempt, kept: bool, by_step: AuditState | None = None
+) -> None:
+    """Count an attempt's rows kept or discarded (and, with `by_step`, per step)."""
     if kept:
         stats.rows_kept += attempt.rows
         stats.tokens_kept += attempt.tokens
     else:
         stats.rows_discarded += attempt.rows
         stats.tokens_discarded += attempt.tokens
+        if by_step is not None:
+            for step, tokens in attempt.tokens_by_step.items():
+                by_step.step(step).tokens_thrown_away += tokens
 
 
 def _on_reserved(state: AuditState, ev: GroupReserved, effective: bool) -> None:
@@ -160,7 +228,7 @@ def _on_reserved(state: AuditState, ev: GroupReserved, effective: bool) -> None:
     for rid in state.orphans.pop(ev.group_id, []):
         attempt = state.attempts.pop(rid, None)
         if attempt is not None:
-            _settle(state.stats(key), attempt, kept=False)
+            _settle(state.stats(key), attempt, kept=False, by_step=state)
     state.groups[ev.group_id] = _Group(
         key,
         current={i: rollout_id_for(ev.group_id, i, 0) for i in range(ev.expected_generations)},
@@ -174,9 +242,10 @@ def _on_attempts(
     for ref in ev.attempts:
         _attempt(state, ev.group_id, ref.generation_index, ref.rollout_id)
     if isinstance(ev, SiblingsDispatched):
-        stats.attempts += len(ev.attempts)
+        stats.dispatched += len(ev.attempts)
     else:
         stats.retries += len(ev.attempts)
+        state.step().retries += len(ev.attempts)
         if effective and state.in_restore:
             stats.redispatched_after_restore += len(ev.attempts)
     group = state.groups.get(ev.group_id) if effective else None
@@ -196,6 +265,7 @@ def _on_abandoned(
 
 def _on_failed(state: AuditState, ev: AttemptFailed, effective: bool) -> None:
     state.stats(state.key_of(ev.group_id)).failed += 1
+    state.step().failed += 1
     if effective:
         _attempt(state, ev.group_id, ev.generation_index, ev.rollout_id).dead = True
 
@@ -231,10 +301,32 @@ def _on_left(state: AuditState, ev: GroupFinalized | GroupDiscarded, effective: 
     group = state.groups.pop(ev.group_id, None)
     if group is None:
         return
+    trained: list[tuple[int | None, int]] = []
     for rid in group.attempts:
         attempt = state.attempts.pop(rid, None)
         if attempt is not None:
-            _settle(stats, attempt, kept=finalized and attempt.sealed and not attempt.dead)
+            kept = finalized and attempt.sealed and not attempt.dead
+            _settle(stats, attempt, kept=kept, by_step=state)
+            if kept:
+                trained.append((attempt.weight_version, attempt.tokens))
+    if finalized:
+        state.trainable[ev.group_id] = trained
+
+
+def _on_replay(state: AuditState, ev: ReplayConsumed | ReplayEvicted, effective: bool) -> None:
+    if not effective:
+        return
+    for group_id in ev.group_ids:
+        siblings = state.trainable.pop(group_id, None)
+        if siblings is None or not isinstance(ev, ReplayConsumed):
+            continue
+        step = state.step(ev.step)
+        step.groups_trained += 1
+        for weight_version, tokens in siblings:
+            step.siblings_trained += 1
+            step.tokens_trained += tokens
+            if weight_version is not None:
+                step.staleness[ev.step - weight_version] += 1
 
 
 def _on_restore_started(state: AuditState, ev: RestoreStarted, effective: bool) -> None:
@@ -247,6 +339,12 @@ def _on_restore_started(state: AuditState, ev: RestoreStarted, effective: bool) 
 
 def _on_restore_completed(state: AuditState, ev: RestoreCompleted, effective: bool) -> None:
     state.in_restore = False
+    step = state.step()
+    step.restores += 1
+    step.rolled_back_records += ev.rolled_back_until_seq - ev.rolled_back_from_seq + 1
+    step.siblings_reused += ev.siblings_reused
+    step.siblings_redispatched += ev.siblings_redispatched
+    step.rows_cleared += ev.rows_cleared
 
 
 def _on_checkpoint(state: AuditState, ev: CheckpointCommitted, effective: bool) -> None:
@@ -268,6 +366,8 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, Any, bool], None]] = {
     RestoreStarted: _on_restore_started,
     RestoreCompleted: _on_restore_completed,
     CheckpointCommitted: _on_checkpoint,
+    ReplayConsumed: _on_replay,
+    ReplayEvicted: _on_replay,
 }
 
 
@@ -276,6 +376,7 @@ def fold_audit(state: AuditState, record: AuditRecord) -> AuditState:
     ev = record.event
     effective = record.seq not in state.skipped
     state.records += 1
+    state.seq = record.seq
     state.rolled_back_records += not effective
     handler = _HANDLERS.get(type(ev))
     if handler is not None:
@@ -283,6 +384,8 @@ def fold_audit(state: AuditState, record: AuditRecord) -> AuditState:
     elif isinstance(ev, GenerationStarted):
         attempt = _attempt(state, ev.group_id, ev.generation_index, ev.rollout_id)
         attempt.started_ns = record.recorded_at
+        attempt.weight_version = ev.weight_version
+        state.stats(state.key_of(ev.group_id)).started += 1
     elif isinstance(ev, TokensStaged | GenerationFinished):
         _worker_record(state, ev, record.recorded_at)
     return state
@@ -298,9 +401,11 @@ def _worker_record(state: AuditState, ev: TokensStaged | GenerationFinished, at:
         if attempt is not None:
             attempt.rows += 1
             attempt.tokens += ev.token_count
+            attempt.tokens_by_step[state.step_of(state.seq)] += ev.token_count
         else:  # its group already left the ledger: nothing can own this row any more
             stats.rows_discarded += 1
             stats.tokens_discarded += ev.token_count
+            state.step().tokens_thrown_away += ev.token_count
     elif attempt is not None and attempt.started_ns is not None:
         stats.latencies_ns.append(at - attempt.started_ns)
 
@@ -324,7 +429,8 @@ class KeyReport(msgspec.Struct, frozen=True, kw_only=True):
     groups: int
     finalized: int
     discarded: int
-    attempts: int
+    dispatched: int
+    started: int
     retries: int
     failed: int
     abandoned: int
@@ -342,6 +448,25 @@ class KeyReport(msgspec.Struct, frozen=True, kw_only=True):
     generation_latency: LatencySummary
 
 
+class StepReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One step: what it trained, how stale, what it threw away, what recovery cost."""
+
+    step: int
+    groups_trained: int
+    siblings_trained: int
+    staleness: dict[int, int]
+    """Trained step - weight version -> trained siblings (a distribution)."""
+    tokens_trained: int
+    tokens_thrown_away: int
+    retries: int
+    failed: int
+    restores: int
+    rolled_back_records: int
+    siblings_reused: int
+    siblings_redispatched: int
+    rows_cleared: int
+
+
 class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     records: int
     rolled_back_records: int
@@ -349,6 +474,7 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     checkpoints: int
     by_agent_task: list[KeyReport]
     total: KeyReport
+    by_step: list[StepReport]
 
 
 def _nearest_rank(ordered: list[int], q: float) -> float | None:
@@ -389,6 +515,7 @@ def report(state: AuditState) -> AuditReport:
     current attempt of an unsealed sibling -> open, any other -> discarded.
     """
     by_key = {key: _copy(stats) for key, stats in state.by_key.items()}
+    thrown: Counter[int] = Counter()
     for rid, attempt in state.attempts.items():
         group = state.groups.get(attempt.group_id)
         key = group.key if group else state.key_of(attempt.group_id)
@@ -400,6 +527,8 @@ def report(state: AuditState) -> AuditReport:
             stats.tokens_open += attempt.tokens
         else:
             _settle(stats, attempt, kept=False)
+            for step, tokens in attempt.tokens_by_step.items():
+                thrown[step] += tokens
     total = KeyStats()
     for stats in by_key.values():
         for name in _COUNTERS:
@@ -413,6 +542,28 @@ def report(state: AuditState) -> AuditReport:
         checkpoints=state.checkpoints,
         by_agent_task=[_key_report(key, stats) for key, stats in ordered],
         total=_key_report((None, None), total),
+        by_step=[
+            _step_report(n, state.by_step.get(n, StepStats()), thrown[n])
+            for n in sorted({*state.by_step, *thrown})
+        ],
+    )
+
+
+def _step_report(step: int, stats: StepStats, thrown: int) -> StepReport:
+    return StepReport(
+        step=step,
+        groups_trained=stats.groups_trained,
+        siblings_trained=stats.siblings_trained,
+        staleness=dict(sorted(stats.staleness.items())),
+        tokens_trained=stats.tokens_trained,
+        tokens_thrown_away=stats.tokens_thrown_away + thrown,
+        retries=stats.retries,
+        failed=stats.failed,
+        restores=stats.restores,
+        rolled_back_records=stats.rolled_back_records,
+        siblings_reused=stats.siblings_reused,
+        siblings_redispatched=stats.siblings_redispatched,
+        rows_cleared=stats.rows_cleared,
     )
 
 
@@ -422,9 +573,13 @@ def _copy(stats: KeyStats) -> KeyStats:
     return copied
 
 
-def audit(records: Iterable[AuditRecord], skipped: RolledBack) -> AuditReport:
+def audit(
+    records: Iterable[AuditRecord],
+    skipped: RolledBack,
+    checkpoints_at: list[tuple[int, int]] | None = None,
+) -> AuditReport:
     """Fold every record (in seq order) and report: the whole statistics in one call."""
-    state = AuditState(skipped=skipped)
+    state = AuditState(skipped=skipped, checkpoints_at=list(checkpoints_at or []))
     for record in records:
         fold_audit(state, record)
     return report(state)

@@ -342,7 +342,7 @@ def test_attempts_retries_failures_and_stale_results_are_counted_per_agent_and_t
     rep = audit(log, RolledBack())
     a, b = row(rep.by_agent_task, "math_agent", "math"), row(rep.by_agent_task, None, "code")
 
-    assert (a.groups, a.attempts, a.retries, a.failed, a.abandoned, a.stale_rejected) == (
+    assert (a.groups, a.dispatched, a.retries, a.failed, a.abandoned, a.stale_rejected) == (
         1,
         4,
         2,
@@ -350,7 +350,7 @@ def test_attempts_retries_failures_and_stale_results_are_counted_per_agent_and_t
         0,
         1,
     )
-    assert (b.groups, b.attempts, b.retries, b.failed, b.abandoned, b.stale_rejected) == (
+    assert (b.groups, b.dispatched, b.retries, b.failed, b.abandoned, b.stale_rejected) == (
         1,
         1,
         1,
@@ -358,7 +358,7 @@ def test_attempts_retries_failures_and_stale_results_are_counted_per_agent_and_t
         1,
         0,
     )
-    assert rep.total.attempts == 5 and rep.total.retries == 3 and rep.total.groups == 2
+    assert rep.total.dispatched == 5 and rep.total.retries == 3 and rep.total.groups == 2
     assert rep.records == len(log.records) and rep.restores == 0
 
 
@@ -529,7 +529,7 @@ def test_a_group_id_freed_by_a_rolled_back_reservation_starts_afresh() -> None:
 
     rep = audit(log, RolledBack([(checkpoint + 1, started - 1)]))
     r = row(rep.by_agent_task, "x", "t")
-    assert (r.groups, r.attempts, r.finalized) == (1, 2, 1)
+    assert (r.groups, r.dispatched, r.finalized) == (1, 2, 1)
     assert (r.rows_staged, r.rows_kept, r.tokens_kept, r.rows_discarded) == (2, 1, 6, 1)
 
 

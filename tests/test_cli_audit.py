@@ -6,12 +6,10 @@ crash and a restore.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from eventlog import EventLog
 from eventlog.cli.main import main
 from eventlog.records import ANY
 from eventlog.recovery.errors import StaleAttemptError
@@ -20,7 +18,6 @@ from eventlog.recovery.vocabulary import (
     GenerationFinished,
     GenerationStarted,
     Receipt,
-    TokensStaged,
     attempt_stream,
 )
 from tests.fixtures.ledger import Harness
@@ -114,84 +111,6 @@ def restored_fixture(harness: Harness) -> tuple[Harness, RestorePlan]:
     h.fresh_process()
     plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
     return h, plan
-
-
-def stats_json(path: str) -> dict[str, Any]:
-    result = cli("stats", path, "--json")
-    assert result.exit_code == 0, result.stderr
-    out: dict[str, Any] = json.loads(result.stdout)
-    return out
-
-
-def by_key(stats: dict[str, Any]) -> dict[tuple[str | None, str | None], dict[str, Any]]:
-    return {(r["agent_name"], r["task_name"]): r for r in stats["recovery"]["by_agent_task"]}
-
-
-def test_stats_reports_recovery_work_per_agent_and_task(
-    restored: tuple[Harness, RestorePlan],
-) -> None:
-    h, plan = restored
-    low, high = plan.rolled_back
-    stats = stats_json(str(h.path))
-    recovery = stats["recovery"]
-    assert (recovery["restores"], recovery["checkpoints"]) == (1, 1)
-    assert recovery["rolled_back_records"] == high - low + 1 == 9
-
-    rows = by_key(stats)
-    assert set(rows) == {("math_agent", "math"), ("code_agent", "code")}
-    g1 = rows[("math_agent", "math")]
-    picked = {k: g1[k] for k in ("groups", "finalized", "attempts", "retries", "failed")}
-    assert picked == {"groups": 1, "finalized": 0, "attempts": 4, "retries": 3, "failed": 1}
-    assert (g1["abandoned"], g1["stale_rejected"]) == (2, 1)
-    # the restore kept g1's sealed sibling 0 and reran siblings 1 and 2, as its plan says
-    assert g1["reused_after_restore"] == plan.counts["siblings_reused"] == 1
-    assert g1["redispatched_after_restore"] == plan.counts["siblings_redispatched"] == 2
-    # sibling 0's rows are owned by its seal; sibling 2's seal was rolled back and g1_g1-a1
-    # was abandoned by the restore: their rows are discarded (and the restore cleared them)
-    assert (g1["rows_staged"], g1["rows_kept"], g1["rows_discarded"], g1["rows_open"]) == (
-        6,
-        2,
-        4,
-        0,
-    )
-    assert (g1["tokens_staged"], g1["tokens_discarded"]) == (18, 12)
-    assert g1["generation_latency"]["count"] == 3  # g1_g0, g1_g2 and g1_g1-a1 finished
-
-    g2 = rows[("code_agent", "code")]
-    assert (g2["groups"], g2["finalized"], g2["attempts"], g2["retries"]) == (1, 1, 2, 0)
-    assert (g2["rows_kept"], g2["rows_discarded"], g2["reused_after_restore"]) == (4, 0, 0)
-    assert recovery["total"]["attempts"] == 6
-
-
-def test_stats_prints_the_recovery_table_for_people(restored: tuple[Harness, RestorePlan]) -> None:
-    h, _ = restored
-    result = cli("stats", str(h.path))
-    assert result.exit_code == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert "rollout recovery: 1 restore(s), 1 checkpoint(s), 9 rolled-back record(s)" in lines
-    (math_row,) = [line.split() for line in lines if line.startswith("math_agent")]
-    # agent task groups finalized attempts retries failed abandoned stale reused rerun ...
-    assert math_row[:11] == ["math_agent", "math", "1", "0", "4", "3", "1", "2", "1", "1", "2"]
-
-
-def test_stats_of_a_log_without_recovery_events_has_no_recovery_part(tmp_path: Any) -> None:
-    path = str(tmp_path / "plain.db")
-    with EventLog.open(path) as log:
-        log.append(
-            "attempt/x_g0",
-            [
-                TokensStaged(
-                    rollout_id="x_g0",
-                    partition="p",
-                    staging_key="k",
-                    token_count=1,
-                    weight_version=0,
-                )
-            ],
-        )
-    stats = stats_json(path)
-    assert stats["records"] == 1 and "recovery" not in stats
-    assert "rollout recovery" not in cli("stats", path).stdout
 
 
 def test_inspect_group_shows_its_streams_in_seq_order_with_rolled_back_records_marked(

@@ -1,44 +1,25 @@
-"""`eventlog stats` with the rollout-recovery section: what recovery cost per agent and task."""
+"""`eventlog stats` with the rollout-recovery section: what recovery cost per agent and task,
+and per step what was trained, how stale, what was thrown away and what restores cost."""
 
 from __future__ import annotations
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from eventlog import codec
 from eventlog.cli.stats import make_stats
-from eventlog.errors import SchemaError
-from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import Record
-from eventlog.recovery.vocabulary import CONTROLLER_STREAM
-from projections.audit import AUDIT_TYPES, RECOVERY_TYPES
-from projections.audit_stats import AuditReport, AuditState, KeyReport, fold_audit, report
-from projections.history import RolledBack, rolled_back
-
-
-class _Decoded(msgspec.Struct, frozen=True):
-    """A record with its event, for the audit fold."""
-
-    seq: int
-    stream: str
-    recorded_at: int
-    event: Event
-
-
-def _decoded(record: Record) -> _Decoded | None:
-    try:
-        event = codec.decode(record.type, record.schema, record.payload, seq=record.seq)
-    except SchemaError:
-        return None  # an unknown type or a newer schema: counted above, not audited
-    return _Decoded(record.seq, record.stream, record.recorded_at, event)
-
-
-def _rolled_back(log: EventLog) -> RolledBack:
-    """The rolled-back ranges, from the controller stream's decodable records."""
-    controller = (_decoded(r) for r in log.read_records(streams=[CONTROLLER_STREAM]))
-    return rolled_back(r for r in controller if r is not None)
+from eventlog.recovery.cli.runlog import RunLog, decoded
+from projections.audit import RECOVERY_TYPES
+from projections.audit_stats import (
+    STATS_TYPES,
+    AuditReport,
+    AuditState,
+    KeyReport,
+    StepReport,
+    fold_audit,
+    report,
+)
 
 
 class RecoverySection:
@@ -50,15 +31,18 @@ class RecoverySection:
     key = "recovery"
 
     def __init__(self, log: EventLog) -> None:
-        self._state = AuditState(skipped=_rolled_back(log))
+        run = RunLog(log)
+        self._state = AuditState(
+            skipped=run.skipped, checkpoints_at=[(seq, ev.step) for seq, ev in run.checkpoints]
+        )
         self._types: set[str] = set()
 
     def add(self, record: Record) -> None:
         self._types.add(record.type)
-        if record.type in AUDIT_TYPES:
-            decoded = _decoded(record)
-            if decoded is not None:
-                fold_audit(self._state, decoded)
+        if record.type in STATS_TYPES:
+            found = decoded(record)
+            if found is not None:
+                fold_audit(self._state, found)
 
     def report(self) -> AuditReport | None:
         return report(self._state) if RECOVERY_TYPES & self._types else None
@@ -71,7 +55,8 @@ class RecoverySection:
 _COLUMNS: list[tuple[str, str]] = [
     ("groups", "groups"),
     ("finalized", "finalized"),
-    ("attempts", "attempts"),
+    ("dispatched", "dispatched"),
+    ("started", "started"),
     ("retries", "retries"),
     ("failed", "failed"),
     ("abandoned", "abandoned"),
@@ -114,6 +99,43 @@ def print_recovery(console: Console, recovery: AuditReport) -> None:
         table.add_row(*_row((r.agent_name or "-", r.task_name or "-"), r))
     table.add_row(*_row(("all", ""), recovery.total), style="bold")
     console.print(table)
+    if recovery.by_step:
+        console.print()
+        console.print("per step (staleness: trained step - weight version, siblings)")
+        console.print(_step_table(recovery.by_step))
+
+
+_STEP_COLUMNS: list[tuple[str, str]] = [
+    ("groups_trained", "groups trained"),
+    ("siblings_trained", "siblings"),
+    ("tokens_trained", "tokens trained"),
+    ("tokens_thrown_away", "tokens thrown away"),
+    ("retries", "retries"),
+    ("failed", "failed"),
+    ("restores", "restores"),
+    ("rolled_back_records", "rolled back"),
+    ("siblings_redispatched", "rerun by restore"),
+    ("rows_cleared", "rows cleared"),
+]
+
+
+def _staleness(found: dict[int, int]) -> str:
+    return " ".join(f"{lag}:{n}" for lag, n in found.items()) or "-"
+
+
+def _step_table(steps: list[StepReport]) -> Table:
+    table = Table(title=None, box=None, pad_edge=False)
+    table.add_column("step", justify="right")
+    for _, title in _STEP_COLUMNS:
+        table.add_column(title, justify="right")
+    table.add_column("staleness")
+    for s in steps:
+        table.add_row(
+            str(s.step),
+            *(f"{getattr(s, key):,}" for key, _ in _STEP_COLUMNS),
+            _staleness(s.staleness),
+        )
+    return table
 
 
 stats = make_stats([RecoverySection])
