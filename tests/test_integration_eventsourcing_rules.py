@@ -10,6 +10,7 @@ from uuid import uuid4
 import msgspec
 import pytest
 from eventsourcing.persistence import (
+    ApplicationRecorder,
     DataError,
     InfrastructureFactory,
     IntegrityError,
@@ -17,9 +18,10 @@ from eventsourcing.persistence import (
     StoredEvent,
     Tracking,
 )
+from eventsourcing.tests.persistence import ApplicationRecorderTestCase
 from eventsourcing.utils import Environment
 
-from eventlog import NO_STREAM, Event, EventLog, event_type
+from eventlog import NO_STREAM, ConcurrencyError, Event, EventLog, event_type
 from eventlog.integrations.eventsourcing import (
     EventLogAggregateRecorder,
     EventLogApplicationRecorder,
@@ -75,8 +77,9 @@ def test_a_lost_race_is_an_integrity_error_and_a_stale_tail_is_read_again(
     mine.insert_events([_stored(originator, 1)])  # mine now remembers version 1 as the tail
     with EventLog.open(log_target) as other_log:
         EventLogApplicationRecorder(other_log).insert_events([_stored(originator, 2)])
-    with pytest.raises(IntegrityError):
+    with pytest.raises(IntegrityError) as lost:
         mine.insert_events([_stored(originator, 2)])
+    assert isinstance(lost.value.__cause__, ConcurrencyError)  # eventlog's, mapped
     assert mine.insert_events([_stored(originator, 3)]) == [3]
     versions = [e.originator_version for e in mine.select_events(originator)]
     assert versions == [1, 2, 3]
@@ -205,3 +208,19 @@ def test_records_are_plain_msgpack_with_the_topic_readable_without_eventsourcing
     record = next(log.read_records())
     assert record.type == "eventsourcing.StoredEvent"
     assert msgspec.msgpack.decode(record.payload)["topic"] == "bank:Opened"
+
+
+class _SubscribingCase(ApplicationRecorderTestCase[ApplicationRecorder]):
+    """The peer's optional subscription test (not run by its suite), run on our recorder."""
+
+    __test__ = False
+    recorder: ApplicationRecorder
+
+    def create_recorder(self) -> ApplicationRecorder:
+        return self.recorder
+
+
+def test_the_peer_s_optional_subscription_test_passes(log: EventLog) -> None:
+    case = _SubscribingCase("optional_test_insert_subscribe")
+    case.recorder = EventLogApplicationRecorder(log)
+    case.optional_test_insert_subscribe()

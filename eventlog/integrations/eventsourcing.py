@@ -161,17 +161,20 @@ class _Recorder:
             return []
         _check_increasing(runs)
         streams = {stream for stream, _ in runs}
-        fresh = False
+        lost: ConcurrencyError | None = None
         for _ in range(_RETRIES):
             tails = {
-                s: self._read_tail(s) if fresh or s not in self._tails else self._tails[s]
+                s: self._read_tail(s) if lost or s not in self._tails else self._tails[s]
                 for s in streams
             }
-            requests = _requests(runs, tails)
+            try:
+                requests = _requests(runs, tails)
+            except IntegrityError as exc:
+                raise exc from lost  # after a lost race: the append that beat this one
             try:
                 results = self.log.append_batch(requests)
-            except ConcurrencyError:
-                fresh = True  # another writer appended: look again, it may be a real conflict
+            except ConcurrencyError as exc:
+                lost = exc  # another writer appended: look again, it may be a real conflict
                 continue
             if len(self._tails) > _KNOWN_TAILS:
                 self._tails.clear()
