@@ -339,7 +339,7 @@ def _position(record: RecordedEvent) -> int:
 
 
 class EventLogAggregateRecorder(_Recorder, AggregateRecorder):
-    """An aggregate recorder (snapshots, by default) on an eventlog log."""
+    """An aggregate recorder on an eventlog log (the factory makes one per purpose: snapshots)."""
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
