@@ -402,7 +402,10 @@ class SqlStore:
         except EventLogError:
             raise
         except Exception as exc:
-            found = self.dialect.find_damaged(self._read_engine, from_seq)
+            try:
+                found = self.dialect.find_damaged(self._read_engine, from_seq)
+            except Exception:  # the scan fails too (a damaged schema): report the first error
+                found = None
             if found is not None:
                 seq, column, stored = found
                 raise DamagedRecordError(

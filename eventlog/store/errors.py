@@ -24,6 +24,18 @@ from eventlog.errors import (
 _DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 _READ_ONLY = "SQLITE_READONLY"
 _FULL = "SQLITE_FULL"
+_SQLITE_UNAVAILABLE = (
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_IOERR",
+    "SQLITE_CANTOPEN",
+    "SQLITE_PERM",
+    "SQLITE_PROTOCOL",
+    "SQLITE_NOLFS",
+    "SQLITE_AUTH",
+    "SQLITE_INTERRUPT",
+)
+"""sqlite3 raises OperationalError for these and for plain SQL errors alike: tell them apart."""
 
 
 def _driver_classes() -> tuple[tuple[type[BaseException], ...], ...]:
@@ -74,6 +86,12 @@ def translate(exc: BaseException, target: str) -> EventLogError | None:
         )
     if isinstance(original, integrity):
         return StorageIntegrityError(f"{target}: the database refused the write: {text}")
+    if (
+        name
+        and not name.startswith(_SQLITE_UNAVAILABLE)
+        and not name.startswith("SQLITE_CONSTRAINT")
+    ):
+        return StorageError(f"{target}: database error: {text}")
     if isinstance(original, unavailable) or (
         isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
     ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 import urllib.parse
@@ -67,6 +68,10 @@ class SqliteDialect:
         if not self.read_only:
             return sa.create_engine(self.url, pool_size=pool_size, max_overflow=max_overflow)
         uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+        if _on_read_only_medium(self.path):
+            # SQLite cannot open a WAL log read-only where it may not create the -shm index;
+            # on a medium nobody can write, `immutable` is exact (no -wal to miss: checked).
+            uri += "&immutable=1"
 
         def connect() -> sqlite3.Connection:
             return sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -149,3 +154,14 @@ class SqliteDialect:
     def dispose(self) -> None:
         for engine in self._engines:
             engine.dispose()
+
+
+def _on_read_only_medium(path: Path) -> bool:
+    """True when the file sits on a read-only mount (nobody can write it) and no -wal is
+    pending. Lacking write permission is not enough: the owner may still be appending."""
+    wal = path.with_name(path.name + "-wal")
+    try:
+        read_only = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+        return read_only and not (wal.exists() and wal.stat().st_size > 0)
+    except OSError:
+        return False
