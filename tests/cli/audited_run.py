@@ -138,9 +138,7 @@ def build(h: Harness) -> AuditedRun:
     h.fresh_process()
     plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
     (restore_seq,) = [r.seq for r in h.records("controller") if r.type == "RestoreStarted"]
-    h.reserve(
-        "g3b", n=2, agent="math_agent", task="math", target_step=2, weight=1, sample_id="g3"
-    )
+    h.reserve("g3b", n=2, agent="math_agent", task="math", target_step=2, weight=1, sample_id="g3")
     h.dispatch("g1")
     h.dispatch("g3b")
     for index in (1, 2):

@@ -235,3 +235,42 @@ def about_group(log: EventLog, group_id: str, run: RunLog) -> list[RecordedEvent
         for rec in decoded_all(log.read_records(streams=wanted))
         if rec.stream in whole or rec.seq in selection.seqs.get(rec.stream, ())
     ]
+
+
+def _prompt_of(record: Record) -> tuple[str | None, str | None]:
+    raw = _raw(record)
+    if not isinstance(raw, dict):
+        return None, None
+    ref = raw.get("prompt_ref")
+    sample = ref.get("sample_id") if isinstance(ref, dict) else None
+    prompt_id = raw.get("prompt_id")
+    return sample, prompt_id if isinstance(prompt_id, str) else None
+
+
+def incarnations(
+    log: EventLog, run: RunLog, group_id: str
+) -> tuple[list[tuple[str, int, bool]], list[tuple[str, int, bool]]]:
+    """Other groups reserved for the same prompt: (group id, seq, rolled back), earlier and
+    later. Only the windows a rollback could link are read: the rolled-back ranges before
+    the group's reservation, and the log after the restore that rolled it back."""
+    own = list(log.read_records(streams=[group_stream(group_id)], types=["GroupReserved"]))
+    if not own:
+        return [], []
+    prompt = _prompt_of(own[-1])
+    seq = own[-1].seq
+    windows_before: list[tuple[int, int | None]] = [
+        (low, high) for low, high in run.skipped.ranges if high < seq
+    ]
+    by = run.rolled_back_by(seq)
+    windows_after: list[tuple[int, int | None]] = [(by, None)] if by is not None else []
+
+    def scan(windows: list[tuple[int, int | None]]) -> list[tuple[str, int, bool]]:
+        found = []
+        for low, high in windows:
+            for rec in log.read_records(low, high, types=["GroupReserved"]):
+                other = rec.stream.removeprefix("group/")
+                if other != group_id and _prompt_of(rec) == prompt:
+                    found.append((other, rec.seq, rec.seq in run.skipped))
+        return found
+
+    return scan(windows_before), scan(windows_after)
