@@ -313,6 +313,11 @@ class EventLog:
         """The newest seq and its chain value: keep it elsewhere to detect truncation."""
         return self._store.tail_chain()
 
+    def backup(self, dest: str | Path) -> None:
+        """Write a consistent copy of the log to `dest` (SQLite: a log file; PostgreSQL: a
+        pg_dump archive), while appends go on."""
+        self._store.backup(Path(dest))
+
     def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
         """Store a projection's state as of `seq` (replaces one saved at the same seq)."""
         self._store.save_snapshot(name, seq, payload)

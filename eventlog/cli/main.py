@@ -23,6 +23,7 @@ from eventlog.errors import EventLogError
 
 SUBCOMMANDS: dict[str, str] = {
     "db": "eventlog.cli.db:db",
+    "backup": "eventlog.cli.backup:backup",
     "init": "eventlog.cli.init:init",
     "append": "eventlog.cli.append:append",
     "replay": "eventlog.recovery.cli.replay:replay",

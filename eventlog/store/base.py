@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -116,6 +117,9 @@ class Dialect(Protocol):
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         """Block until something may have been appended after `after_seq`, or timeout."""
+
+    def backup(self, engine: Engine, dest: Path) -> None:
+        """Write a consistent copy of the whole log to `dest` (a new file)."""
 
     def find_damaged(self, engine: Engine, from_seq: int) -> tuple[int, str, str] | None:
         """The first record from `from_seq` whose stored value the driver cannot read, as
@@ -552,6 +556,11 @@ class SqlStore:
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         self.dialect.wait_for_append(after_seq, timeout)
+
+    def backup(self, dest: Path) -> None:
+        """A consistent copy of the log in a new file, taken while writers go on."""
+        with translating(self.target):
+            self.dialect.backup(self._read_engine, dest)
 
     @property
     def engine(self) -> Engine:

@@ -129,6 +129,23 @@ class SqliteDialect:
         # while costing one indexed max(seq) lookup per poll.
         time.sleep(min(timeout, 0.02))
 
+    def backup(self, engine: Engine, dest: Path) -> None:
+        """Copy the log with SQLite's online backup API, in one step: one read transaction,
+        so the copy is one consistent state while writers go on (WAL never blocks them)."""
+        partial = dest.with_name(dest.name + ".partial")
+        partial.unlink(missing_ok=True)
+        with engine.connect() as conn:
+            source = conn.connection.dbapi_connection
+            assert isinstance(source, sqlite3.Connection)
+            copy = sqlite3.connect(partial)
+            try:
+                source.backup(copy, pages=-1)
+            finally:
+                copy.close()
+        with open(partial, "rb") as written:  # durable before it takes the final name
+            os.fsync(written.fileno())
+        partial.rename(dest)
+
     def find_damaged(self, engine: Engine, from_seq: int) -> tuple[int, str, str] | None:
         """Scan with typeof() and raw bytes, which never fail to decode, for the first bad row."""
         with engine.connect() as conn:

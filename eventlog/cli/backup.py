@@ -1,0 +1,56 @@
+"""`eventlog backup`: a consistent copy of a log, taken while writers go on, checked after.
+
+SQLite: the online backup API copies the file in one read transaction. PostgreSQL: the
+documented `pg_dump --format=custom` recipe (restore with `pg_restore --dbname=NEW DEST`).
+The SQLite copy is verified and its anchor printed; keep the anchor: `eventlog verify COPY
+--anchor SEQ:CHAIN` then proves a restore is this backup, untruncated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from eventlog.cli.exits import CliUsageError, ExitCode
+from eventlog.cli.targets import open_log, shown_target
+
+
+@click.command()
+@click.argument("target")
+@click.argument("dest", type=click.Path(path_type=Path, dir_okay=False))
+@click.pass_context
+def backup(ctx: click.Context, target: str, dest: Path) -> None:
+    """Copy TARGET's log to DEST (a new file), consistently, while writers go on.
+
+    \b
+    SQLite: DEST is a log itself (restore: copy it back); it is verified after the copy.
+    PostgreSQL: DEST is a pg_dump archive; restore it with
+      createdb NEW && pg_restore --no-owner --dbname=postgresql://.../NEW DEST
+    then check the restore: eventlog verify postgresql://.../NEW --anchor SEQ:CHAIN
+    """
+    if dest.exists():
+        raise CliUsageError(f"{dest}: already exists; a backup never overwrites a file")
+    if not dest.parent.is_dir():
+        raise CliUsageError(f"{dest}: folder {dest.parent} does not exist")
+    with open_log(target) as log:
+        # Taken before the copy: records are only appended, so the copy holds this anchor.
+        seq, chain = log.tail_chain()
+        log.backup(dest)
+    anchor = f"{seq}:{chain.hex()}"
+    if "://" in target:
+        click.echo(f"{dest}: pg_dump archive of {shown_target(target)}; anchor {anchor}")
+        return
+    with open_log(str(dest)) as copy:
+        report = copy.verify()
+        held = next(iter(copy.read_records(seq, seq)), None) if seq else None
+    if not report.ok or (seq and (held is None or held.chain != chain)):
+        click.echo(
+            f"{dest}: copied, but the copy fails verify (first bad seq {report.first_bad_seq})",
+            err=True,
+        )
+        ctx.exit(ExitCode.INTEGRITY)
+    click.echo(
+        f"{dest}: {report.records} records, head seq {report.head}, anchor {anchor} "
+        f"(check a restore with `eventlog verify COPY --anchor {anchor}`)"
+    )
