@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, str] = {
     "stats": "eventlog.recovery.cli.stats:stats",
     "demo": "eventlog.demo.command:demo",
     "inspect": "eventlog.recovery.cli.inspect:inspect",
+    "state": "eventlog.recovery.cli.state:state",
+    "diff": "eventlog.recovery.cli.diff:diff",
 }
 
 

@@ -274,3 +274,29 @@ def incarnations(
         return found
 
     return scan(windows_before), scan(windows_after)
+
+
+def point_seq(log: EventLog, text: str) -> int:
+    """A point in the log: a seq, `step:N` (the end of step N), `checkpoint:N` or `head`."""
+    run = RunLog(log)
+    kind, _, number = text.partition(":")
+    if text == "head":
+        return run.head
+    if not number:
+        kind, number = "seq", text
+    try:
+        value = int(number)
+    except ValueError:
+        raise CliUsageError(
+            f"point {text!r}: expected a seq, step:N, checkpoint:N or head"
+        ) from None
+    if kind == "seq":
+        if not 0 <= value <= run.head:
+            raise CliUsageError(f"seq {value}: not in the log (valid: 0..{run.head})")
+        return value
+    if kind == "step":
+        _, end = run.step_range(value)
+        return run.head if end is None else end
+    if kind == "checkpoint":
+        return run.checkpoint_seq(value)
+    raise CliUsageError(f"point {text!r}: expected a seq, step:N, checkpoint:N or head")
