@@ -14,7 +14,6 @@ first, as the ledger does), so one pass in seq order suffices.
 
 from __future__ import annotations
 
-import re
 from typing import Protocol
 
 from eventlog.events import Event
@@ -37,6 +36,7 @@ from eventlog.recovery.vocabulary import (
     StaleResultRejected,
     TokensStaged,
     UnsealedAbandoned,
+    parse_rollout_id,
 )
 
 
@@ -84,10 +84,8 @@ AUDIT_TYPES = frozenset(
 RECOVERY_TYPES = frozenset({"GroupReserved"})
 """A log holds recovery events when it holds at least one of these."""
 
-ROLLOUT_ID = re.compile(r"^(?P<group>.+)_g(?P<index>\d+)(?:-a(?P<attempt>\d+))?$")
-
 
 def group_of_rollout(rollout_id: str) -> str | None:
     """The group id a rollout id names (`{group}_g{i}` or `{group}_g{i}-a{n}`), if it parses."""
-    match = ROLLOUT_ID.match(rollout_id)
-    return match["group"] if match else None
+    parsed = parse_rollout_id(rollout_id)
+    return parsed.group_id if parsed else None

@@ -26,8 +26,9 @@ from eventlog.recovery.vocabulary import (
     StaleResultRejected,
     TokensStaged,
     UnsealedAbandoned,
+    parse_rollout_id,
 )
-from projections.audit import ROLLOUT_ID, AuditRecord
+from projections.audit import AuditRecord
 from projections.history import RolledBack
 
 
@@ -164,9 +165,8 @@ def summarize_group(group_id: str, timeline: Iterable[TimelineEntry]) -> GroupSu
         elif isinstance(ev, AttemptFailed):
             verdict(entry, note(ev.rollout_id, ev.generation_index, ev.attempt), "failed")
         elif isinstance(ev, StaleResultRejected):
-            match = ROLLOUT_ID.match(ev.rollout_id)
-            attempt = int(match["attempt"] or 0) if match else 0
-            note(ev.rollout_id, ev.generation_index, attempt).stale += 1
+            parsed = parse_rollout_id(ev.rollout_id)
+            note(ev.rollout_id, ev.generation_index, parsed.attempt if parsed else 0).stale += 1
         elif isinstance(ev, GenerationStarted):
             n = note(ev.rollout_id, ev.generation_index, ev.attempt)
             n.worker, n.started_ns = "running", entry.recorded_at
@@ -211,8 +211,7 @@ def summarize_group(group_id: str, timeline: Iterable[TimelineEntry]) -> GroupSu
 
 def _orphan(notes: dict[str, _AttemptNotes], rollout_id: str) -> _AttemptNotes:
     """Worker records of an attempt no ledger event named: place it by its rollout id."""
-    match = ROLLOUT_ID.match(rollout_id)
-    index = int(match["index"]) if match else -1
-    attempt = int(match["attempt"] or 0) if match else 0
+    parsed = parse_rollout_id(rollout_id)
+    index, attempt = (parsed.generation_index, parsed.attempt) if parsed else (-1, 0)
     found = notes[rollout_id] = _AttemptNotes(index, attempt)
     return found

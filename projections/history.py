@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from eventlog.events import Event
-from eventlog.recovery.vocabulary import CheckpointCommitted, RestoreStarted
+from eventlog.recovery.vocabulary import CONTROLLER_STREAM, CheckpointCommitted, RestoreStarted
 from projections.siblings import LedgerState, fold
 
 
@@ -54,13 +54,42 @@ class RolledBack:
         return f"RolledBack({list(self.ranges)})"
 
 
+def rolled_back_range(started: RestoreStarted, started_seq: int) -> tuple[int, int]:
+    """The seqs one restore rolls back (inclusive): from its checkpoint up to its own record."""
+    return (started.rolled_back_from_seq, started_seq - 1)
+
+
 def rolled_back(controller_records: Iterable[RecordLike]) -> RolledBack:
     """The rolled-back ranges marked by the RestoreStarted records of the controller stream."""
     ranges = []
     for rec in controller_records:
         if isinstance(rec.event, RestoreStarted):
-            ranges.append((rec.event.rolled_back_from_seq, rec.seq - 1))
+            ranges.append(rolled_back_range(rec.event, rec.seq))
     return RolledBack(ranges)
+
+
+R = TypeVar("R", bound=RecordLike, covariant=True)
+Rec = TypeVar("Rec", bound=RecordLike)
+
+
+class StreamReader(Protocol[R]):
+    """What `controller_history` needs of a log (eventlog's EventLog has it)."""
+
+    def read_stream(self, stream: str) -> Iterable[R]: ...
+
+
+def controller_history(
+    log: StreamReader[Rec], until_seq: int | None = None
+) -> tuple[list[Rec], RolledBack]:
+    """The controller stream up to `until_seq` (all of it when None) and its rolled-back ranges.
+
+    The one answer to "which records count" for every reader: the ledger, a restore, the CLI
+    and the demo's checks.
+    """
+    records = [
+        r for r in log.read_stream(CONTROLLER_STREAM) if until_seq is None or r.seq <= until_seq
+    ]
+    return records, rolled_back(records)
 
 
 def effective(records: Iterable[RecordLike], skipped: RolledBack) -> Iterator[RecordLike]:

@@ -84,6 +84,30 @@ class RuleViolation(ValueError):
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
 
+class StaleAttempt(RuleViolation):
+    """A result names an attempt that is no longer current (superseded, failed or abandoned).
+
+    Carries both rollout ids, so the ledger can raise `StaleAttemptError` and the controller
+    can record the rejection (`StaleResultRejected`) without parsing the message.
+    """
+
+    group_id: str
+    generation_index: int
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group_id: str,
+        generation_index: int,
+        rollout_id: str,
+        current_rollout_id: str,
+    ) -> None:
+        super().__init__(message, group_id=group_id, generation_index=generation_index)
+        self.rollout_id = rollout_id
+        self.current_rollout_id = current_rollout_id
+
+
 class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
     """One physical run of a sibling; only a sealed attempt carries a result."""
 
@@ -134,6 +158,16 @@ class GroupState(msgspec.Struct, frozen=True, kw_only=True):
     def canonical_row_ids(self) -> list[str]:
         """The training rows a finalized group becomes: one per sibling, by logical id."""
         return [logical_id(self.group_id, i) for i in range(self.expected_generations)]
+
+    def sibling(self, index: int) -> SiblingState:
+        """Sibling `index`; an index outside the group breaks a rule (RuleViolation)."""
+        if not 0 <= index < self.expected_generations:
+            raise RuleViolation(
+                f"no such sibling (the group has {self.expected_generations})",
+                group_id=self.group_id,
+                generation_index=index,
+            )
+        return self.siblings[index]
 
     def indices(self, *statuses: AttemptStatus) -> list[int]:
         """Generation indices whose current attempt has one of `statuses`."""
@@ -225,31 +259,71 @@ def _with_current(sibling: SiblingState, attempt: AttemptState) -> SiblingState:
     )
 
 
-def _sibling(group: GroupState, index: int) -> SiblingState:
-    if not 0 <= index < group.expected_generations:
+_ENDED: tuple[AttemptStatus, ...] = ("failed", "abandoned")
+
+
+def _named(group: GroupState, index: int, rollout_id: str, *allowed: AttemptStatus) -> AttemptState:
+    """The current attempt of sibling `index`, if `rollout_id` names it and its status allows.
+
+    The stale-attempt rule: an attempt that was superseded, or that failed or was abandoned
+    (when `allowed` does not admit that), raises StaleAttempt; a rollout id the sibling never
+    had, or another status, raises RuleViolation.
+    """
+    sibling = group.sibling(index)
+    current = sibling.current
+    if rollout_id != current.rollout_id:
+        for old in sibling.attempts[:-1]:
+            if old.rollout_id == rollout_id:
+                raise StaleAttempt(
+                    f"attempt {old.attempt} ({rollout_id!r}) was superseded by attempt "
+                    f"{current.attempt} ({current.rollout_id!r}); its result is rejected",
+                    group_id=group.group_id,
+                    generation_index=index,
+                    rollout_id=rollout_id,
+                    current_rollout_id=current.rollout_id,
+                )
         raise RuleViolation(
-            f"no such sibling (the group has {group.expected_generations})",
+            f"unknown rollout id {rollout_id!r}, expected the current attempt "
+            f"{current.attempt} ({current.rollout_id!r})",
             group_id=group.group_id,
             generation_index=index,
         )
-    return group.siblings[index]
+    if current.status not in allowed:
+        if current.status in _ENDED:
+            raise StaleAttempt(
+                f"attempt {current.attempt} ({rollout_id!r}) was {current.status}; "
+                "its result is rejected",
+                group_id=group.group_id,
+                generation_index=index,
+                rollout_id=rollout_id,
+                current_rollout_id=current.rollout_id,
+            )
+        raise RuleViolation(
+            f"attempt {current.attempt} is {current.status}, expected {' or '.join(allowed)}",
+            group_id=group.group_id,
+            generation_index=index,
+        )
+    return current
+
+
+def live_attempt(group: GroupState, index: int, rollout_id: str) -> AttemptState:
+    """The attempt a worker result names, while it may still be sealed or failed.
+
+    For commands that must find the attempt before they build an event (its number goes into
+    the event); the event's fold applies the same rule again.
+    """
+    return _named(group, index, rollout_id, "reserved", "dispatched", "sealed")
 
 
 def _current(group: GroupState, ref: AttemptRef, *allowed: AttemptStatus) -> AttemptState:
     """The sibling's current attempt, checked to be exactly `ref` and in an allowed status."""
-    sibling = _sibling(group, ref.generation_index)
-    current = sibling.current
-    where: _Where = {"group_id": group.group_id, "generation_index": ref.generation_index}
-    if ref.attempt != current.attempt or ref.rollout_id != current.rollout_id:
+    current = _named(group, ref.generation_index, ref.rollout_id, *allowed)
+    if ref.attempt != current.attempt:
         raise RuleViolation(
             f"names attempt {ref.attempt} ({ref.rollout_id!r}) but the current attempt is "
             f"{current.attempt} ({current.rollout_id!r})",
-            **where,
-        )
-    if current.status not in allowed:
-        raise RuleViolation(
-            f"attempt {current.attempt} is {current.status}, expected {' or '.join(allowed)}",
-            **where,
+            group_id=group.group_id,
+            generation_index=ref.generation_index,
         )
     return current
 
@@ -262,7 +336,8 @@ def _require(group: GroupState, *, status: tuple[GroupStatus, ...], action: str)
         )
 
 
-def _require_granularity(group: GroupState, granularity: Granularity, action: str) -> None:
+def require_granularity(group: GroupState, granularity: Granularity, action: str) -> None:
+    """The seal-method rule: a `sibling` group seals one by one, a `prompt_group` all at once."""
     if group.granularity != granularity:
         hint = (
             "seal every sibling at once with seal_group"
@@ -434,7 +509,7 @@ def _ready_if_complete(group: GroupState) -> GroupState:
 
 def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
     group = state.group(ev.group_id)
-    _require_granularity(group, "sibling", "seal one sibling")
+    require_granularity(group, Granularity.SIBLING, "seal one sibling")
     _require(group, status=("generating",), action="seal")
     result = SealResult(
         generation_index=ev.generation_index,
@@ -450,7 +525,7 @@ def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
 
 def _on_group_sealed(state: LedgerState, ev: GroupSealed) -> None:
     group = state.group(ev.group_id)
-    _require_granularity(group, "prompt_group", "seal the whole group")
+    require_granularity(group, Granularity.PROMPT_GROUP, "seal the whole group")
     _require(group, status=("generating",), action="seal")
     _unique_indices(group, [r.generation_index for r in ev.results], "GroupSealed", every=True)
     attempts = {r.attempt for r in ev.results}
@@ -478,7 +553,7 @@ def _abandon(group: GroupState, refs: list[AttemptRef], *allowed: AttemptStatus)
 
 def _on_unsealed_abandoned(state: LedgerState, ev: UnsealedAbandoned) -> None:
     group = state.group(ev.group_id)
-    _require_granularity(group, "sibling", "abandon single siblings")
+    require_granularity(group, Granularity.SIBLING, "abandon single siblings")
     _require(group, status=("generating",), action="abandon")
     _unique_indices(
         group, [r.generation_index for r in ev.attempts], "UnsealedAbandoned", every=False
@@ -488,7 +563,7 @@ def _on_unsealed_abandoned(state: LedgerState, ev: UnsealedAbandoned) -> None:
 
 def _on_group_abandoned(state: LedgerState, ev: GroupAbandoned) -> None:
     group = state.group(ev.group_id)
-    _require_granularity(group, "prompt_group", "abandon the whole group")
+    require_granularity(group, Granularity.PROMPT_GROUP, "abandon the whole group")
     _require(group, status=("generating",), action="abandon")
     _unique_indices(group, [r.generation_index for r in ev.attempts], "GroupAbandoned", every=True)
     state.groups[group.group_id] = _abandon(
@@ -510,7 +585,7 @@ def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
         )
     retried: list[SiblingState] = []
     for ref in ev.attempts:
-        sibling = _sibling(group, ref.generation_index)
+        sibling = group.sibling(ref.generation_index)
         current = sibling.current
         where: _Where = {"group_id": group.group_id, "generation_index": ref.generation_index}
         if current.status not in ("failed", "abandoned"):

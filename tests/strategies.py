@@ -49,6 +49,8 @@ def for_type(info: mi.Type) -> st.SearchStrategy[Any]:
         return st.none()
     if isinstance(info, mi.LiteralType):
         return st.sampled_from(info.values)
+    if isinstance(info, mi.EnumType):
+        return st.sampled_from(list(info.cls))
     if isinstance(info, mi.UnionType):
         return st.one_of(*(for_type(t) for t in info.types))
     if isinstance(info, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):

@@ -123,3 +123,10 @@ def private_reach_through(path: Path) -> Iterator[str]:
 def test_no_module_reaches_into_another_class_private_members(package: str) -> None:
     offences = [hit for path in source_files(package) for hit in private_reach_through(path)]
     assert offences == []
+
+
+@pytest.mark.parametrize("module", ["checkpoint", "restore", "replay_ownership"])
+def test_what_the_ledger_commits_does_not_import_the_ledger(module: str) -> None:
+    """No circle: checkpoint, restore and replay ownership return events; the ledger commits."""
+    path = ROOT / "eventlog" / "recovery" / f"{module}.py"
+    assert [n for _, n in imports_of(path) if within(n, ("eventlog.recovery.ledger",))] == []

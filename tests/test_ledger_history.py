@@ -39,7 +39,7 @@ from eventlog.recovery.vocabulary import (
     UnsealedAbandoned,
     group_stream,
 )
-from projections.siblings import LedgerState, RuleViolation, fold_all
+from projections.siblings import LedgerState, RuleViolation, StaleAttempt, fold_all
 from tests.reliability import drop_append_only
 
 
@@ -145,7 +145,7 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
     "seal names a future attempt": (
         [reserved(), dispatched(ref(0))],
         sealed(0, 1),
-        "current attempt is 0",
+        "unknown rollout id 'g_g0-a1', expected the current attempt 0",
     ),
     "seal names a superseded attempt": (
         [
@@ -155,7 +155,7 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
             RetryPrepared(group_id="g", attempts=[ref(0, 1)]),
         ],
         sealed(0, 0),
-        "names attempt 0",
+        "attempt 0 \\('g_g0'\\) was superseded by attempt 1",
     ),
     "receipt of another rollout": (
         [reserved(), dispatched(ref(0))],
@@ -258,6 +258,16 @@ def test_fold_refuses_an_event_that_breaks_a_rule(name: str) -> None:
     with pytest.raises(RuleViolation, match=match):
         fold_all(state, [bad])
     assert state == before  # a refused event changes nothing
+
+
+def test_a_stale_result_is_a_typed_violation_naming_both_rollout_ids() -> None:
+    prefix, bad, _ = CASES["seal names a superseded attempt"]
+    state = fold_all(LedgerState(), prefix)
+    with pytest.raises(StaleAttempt) as raised:
+        fold_all(state, [bad])
+    stale = raised.value
+    assert (stale.group_id, stale.generation_index) == ("g", 0)
+    assert (stale.rollout_id, stale.current_rollout_id) == ("g_g0", "g_g0-a1")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

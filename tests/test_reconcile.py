@@ -11,6 +11,7 @@ from eventlog.recovery.errors import ReconciliationError
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     ClearedKey,
+    Granularity,
     PromptRef,
     Receipt,
     StagingCleared,
@@ -51,7 +52,7 @@ def _group(gid: str, keys_by_sibling: list[list[str] | None]) -> GroupState:
         prompt_id=gid,
         prompt_hash=None,
         agent_name=None,
-        granularity="sibling",
+        granularity=Granularity.SIBLING,
         expected_generations=len(siblings),
         target_step=0,
         start_weight_version=0,

@@ -64,8 +64,9 @@ _CHILD = textwrap.dedent(
         out = {
             "groups": {
                 p.group_id: {
-                    "sealed": [[s.generation_index, s.attempt, s.rollout_id, s.staging_keys,
-                                s.reward, s.target_step] for s in p.sealed],
+                    "sealed": [[s.generation_index, s.attempt, s.rollout_id,
+                                s.receipt.staging_keys if s.receipt else [],
+                                s.reward, p.target_step] for s in p.sealed],
                     "redispatch": [[r.generation_index, r.rollout_id] for r in p.redispatch],
                 }
                 for p in plan.admitted
@@ -201,9 +202,9 @@ def test_partial_group_several_steps_behind_keeps_its_sealed_subset_and_target_s
     h.fresh_process()
     plan = _restore(h)
     (old,) = plan.admitted
-    assert [(s.generation_index, s.rollout_id, s.reward, s.target_step) for s in old.sealed] == [
-        (0, "old_g0", 0.5, 2),
-        (2, "old_g2", -0.5, 2),
+    assert [(s.generation_index, s.rollout_id, s.reward) for s in old.sealed] == [
+        (0, "old_g0", 0.5),
+        (2, "old_g2", -0.5),
     ]
     assert old.target_step == 2 and old.start_weight_version == 2
     assert old.redispatch_indices == [1, 3]

@@ -186,11 +186,15 @@ def _check_restore(
                 f"{where}: group {gid!r} had siblings {indices} sealed at the checkpoint but "
                 "was never finalized after the restore (sealed siblings lost)"
             )
-    seals_rolled_back = sum(
-        len(_seal_results(r))
-        for r in records
-        if event.rolled_back_from_seq <= r.seq <= event.rolled_back_until_seq
-    )
+    # Which records this restore rolled back, by the one rule (its RestoreStarted record).
+    this_restore = rolled_back(r for r in controller if r.seq == started_seq)
+    recorded_range = (event.rolled_back_from_seq, event.rolled_back_until_seq)
+    if this_restore.ranges != (recorded_range,):
+        problems.append(
+            f"{where}: RestoreCompleted records rolled-back seqs {recorded_range}, its "
+            f"RestoreStarted at seq {started_seq} marks {list(this_restore.ranges)}"
+        )
+    seals_rolled_back = sum(len(_seal_results(r)) for r in records if r.seq in this_restore)
     return RestoreCheck(
         seq=completed.seq,
         checkpoint_step=event.checkpoint_step,

@@ -23,15 +23,22 @@ import itertools
 import logging
 from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
 from eventlog.recovery.errors import BarrierError
 
-__all__ = ["CHECKPOINT", "Cut", "MutationBarrier"]
+__all__ = ["CHECKPOINT", "Cut", "LiveCut", "MutationBarrier"]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint"
 """The ``kind`` of the cut a checkpoint section hands out."""
+
+
+class LiveCut(Protocol):
+    """What a mutating command needs of a cut: that it is still live (a `Cut` is one)."""
+
+    def require_live(self) -> None: ...
 
 
 class Cut:

@@ -10,7 +10,7 @@ which the checkpoint's ledger digest then confirms.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import msgspec
 
@@ -18,13 +18,10 @@ from eventlog.dataplane.protocol import DataPlane
 from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
 from eventlog.recovery.errors import LedgerRuleError, ReconciliationError
-from eventlog.recovery.vocabulary import CONTROLLER_STREAM, CheckpointCommitted
+from eventlog.recovery.vocabulary import CheckpointCommitted
 from projections.history import RolledBack
 from projections.reconcile import referenced_keys
 from projections.siblings import LedgerState, RuleViolation, fold, state_digest
-
-if TYPE_CHECKING:
-    from eventlog.recovery.ledger import Cut, RecoveryLedger
 
 logger = logging.getLogger(__name__)
 
@@ -98,17 +95,20 @@ def check_rows(state: LedgerState, data_plane: DataPlane, partition: str) -> Non
             )
 
 
-def run_checkpoint(
-    ledger: RecoveryLedger, cut: Cut, *, step: int, directory: str
+def checkpoint_event(
+    state: LedgerState,
+    data_plane: DataPlane,
+    partition: str,
+    log: EventLog,
+    *,
+    step: int,
+    directory: str,
 ) -> CheckpointCommitted:
-    """Everything `RecoveryLedger.checkpoint` does (see there)."""
-    cut.require_live()
-    if getattr(cut, "exclusive", True) is False:
-        raise LedgerRuleError(
-            "checkpoint needs the barrier's exclusive checkpoint cut, found a mutation cut",
-            hint="async with barrier.checkpoint() as cut: ledger.checkpoint(cut, ...)",
-        )
-    state = ledger._require_state()
+    """Check the state can be checkpointed, save the data plane, and return the event to append.
+
+    Refuses while a group is finalizing or finalization_unknown and checks every sealed
+    staging row exists; appends nothing (the ledger commits the event, then `save_snapshot`).
+    """
     for group in state.groups.values():
         if group.status in ("finalizing", "finalization_unknown"):
             raise LedgerRuleError(
@@ -116,10 +116,10 @@ def run_checkpoint(
                 f"(owner {group.finalization_owner!r})",
                 hint="finish or resolve finalization first",
             )
-    check_rows(state, ledger.data_plane, ledger.staging_partition)
-    saved = ledger.data_plane.save_checkpoint(directory)
-    covers_seq, chain = ledger.log.tail_chain()
-    event = CheckpointCommitted(
+    check_rows(state, data_plane, partition)
+    saved = data_plane.save_checkpoint(directory)
+    covers_seq, chain = log.tail_chain()
+    return CheckpointCommitted(
         step=step,
         data_plane_ref=saved.ref,
         inventory_digest=saved.inventory_digest,
@@ -129,15 +129,9 @@ def run_checkpoint(
         covers_seq=covers_seq,
         chain=chain.hex(),
     )
-    (result,) = ledger._commit(cut, [(CONTROLLER_STREAM, [event])])
-    seq = result.seqs[0]
-    snapshot = Snapshot(state=ledger._require_state(), versions=ledger._versions)
-    ledger.log.save_snapshot(SNAPSHOT_NAME, seq, msgspec.msgpack.encode(snapshot))
-    logger.info(
-        "checkpoint step %d at seq %d: %d groups, %d data-plane rows",
-        step,
-        seq,
-        len(state.groups),
-        saved.row_count,
-    )
-    return event
+
+
+def save_snapshot(log: EventLog, seq: int, state: LedgerState, versions: Mapping[str, int]) -> None:
+    """Store the state at a CheckpointCommitted seq, so a restore need not fold the whole run."""
+    snapshot = Snapshot(state=state, versions=dict(versions))
+    log.save_snapshot(SNAPSHOT_NAME, seq, msgspec.msgpack.encode(snapshot))

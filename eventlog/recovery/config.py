@@ -10,7 +10,6 @@ because a silently ignored ``rollout_recovry:`` would switch recovery off.
 from __future__ import annotations
 
 import difflib
-import enum
 import os
 import re
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ import yaml
 
 from eventlog.errors import InvalidEventError
 from eventlog.recovery.errors import ConfigError
+from eventlog.recovery.vocabulary import Granularity
 
 __all__ = [
     "CheckpointingConfig",
@@ -34,13 +34,6 @@ __all__ = [
     "parse_config",
     "resolve_granularity",
 ]
-
-
-class Granularity(enum.StrEnum):
-    """What a failure abandons and a retry redispatches: one sibling, or the whole group."""
-
-    SIBLING = "sibling"
-    PROMPT_GROUP = "prompt_group"
 
 
 DEFAULT_STAGING_PARTITION = "rollout_staging"

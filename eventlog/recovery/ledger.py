@@ -1,11 +1,22 @@
 """The recovery ledger: the command side of rollout recovery (design §5, §7).
 
 Every command takes a live cut from the mutation barrier, turns its arguments into events,
-folds them into a copy of the state (the rules live in `projections.siblings.fold`, the same
-fold a rebuild uses), appends them atomically with the stream versions this ledger knows, and
-only then adopts the copy. A rejected command raises a typed error and appends nothing. A
-second controller writing the same streams makes the append fail with ConcurrencyError; the
-ledger then refuses further commands until it is reopened.
+and hands them to `_commit`, the one write path: it folds them into a copy of the state (every
+state-transition rule lives in `projections.siblings.fold`, the same fold a rebuild uses, which
+raises typed violations that `_ledger_error` maps to LedgerRuleError / StaleAttemptError),
+appends them atomically with the stream versions this ledger knows, and only then adopts the
+copy. Checkpoint and restore (eventlog.recovery.checkpoint, .restore) return the events they
+want appended and commit through the same path. A rejected command raises a typed error and
+appends nothing. A second controller writing the same streams makes the append fail with
+ConcurrencyError; the ledger then refuses further commands until it is reopened.
+
+The ledger itself keeps only the preconditions that need something the fold cannot see:
+
+- the runtime prompt (`reserve`: prompt_id and task_name agree with the ref, fingerprint);
+- the log (`_refuse_used_group_id`: a group id is used once, rolled-back history included);
+- the data plane (`checkpoint`: every sealed row exists; `clear_superseded_rows`);
+- the barrier (`checkpoint` needs the exclusive cut; a fenced ledger refuses commands);
+- command idempotency (`_repeat`: an identical repeat of an accepted seal is a no-op).
 
 Superseded attempts: a late result of an attempt that is no longer current raises
 `StaleAttemptError` and appends nothing, like every rejection. Because late results are normal
@@ -16,8 +27,8 @@ which appends `StaleResultRejected` to the group's stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import msgspec
 
@@ -27,11 +38,19 @@ from eventlog.errors import ConcurrencyError, InvalidEventError
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
-from eventlog.recovery.checkpoint import check_rows, fold_until, run_checkpoint
+from eventlog.recovery.barrier import LiveCut
+from eventlog.recovery.checkpoint import check_rows, checkpoint_event, fold_until, save_snapshot
 from eventlog.recovery.config import DEFAULT_STAGING_PARTITION, RecoveryConfig, resolve_granularity
 from eventlog.recovery.errors import LedgerRuleError, StaleAttemptError
 from eventlog.recovery.replay_ownership import ReplayOwnership
-from eventlog.recovery.restore import Dataset, Prompt, RestorePlan, prompt_digest, run_restore
+from eventlog.recovery.restore import (
+    Dataset,
+    Prompt,
+    RestorePlan,
+    finish_restore,
+    prepare_restore,
+    prompt_digest,
+)
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     AttemptFailed,
@@ -40,6 +59,7 @@ from eventlog.recovery.vocabulary import (
     ClearedKey,
     FinalizationStarted,
     FinalizationUnknown,
+    Granularity,
     GroupAdmitted,
     GroupDiscarded,
     GroupFinalized,
@@ -48,6 +68,7 @@ from eventlog.recovery.vocabulary import (
     PromptRef,
     Receipt,
     SealResult,
+    SiblingResult,
     SiblingsDispatched,
     SiblingSealed,
     StagingCleared,
@@ -55,7 +76,7 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
-from projections.history import RolledBack, rolled_back
+from projections.history import RolledBack, controller_history
 from projections.reconcile import reconcile, referenced_keys, staged_by
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import (
@@ -64,7 +85,10 @@ from projections.siblings import (
     LedgerState,
     ReplayEntry,
     RuleViolation,
+    StaleAttempt,
     fold,
+    live_attempt,
+    require_granularity,
     state_digest,
 )
 
@@ -73,20 +97,11 @@ __all__ = ["Cut", "FinalizationInputs", "RecoveryLedger", "SiblingResult"]
 logger = logging.getLogger(__name__)
 
 
-class Cut(Protocol):
-    """What the ledger needs of a barrier cut (eventlog.barrier.Cut)."""
+Cut = LiveCut
+"""What the ledger needs of a barrier cut (eventlog.recovery.barrier.Cut is one)."""
 
-    def require_live(self) -> None: ...
-
-
-class SiblingResult(msgspec.Struct, frozen=True, kw_only=True):
-    """One sibling's result for `seal_group`; mask_sample has no default on purpose."""
-
-    generation_index: int
-    rollout_id: str
-    receipt: Receipt | None
-    reward: float
-    mask_sample: bool
+Append = tuple[str, ExpectedVersion | None, Sequence[Event]]
+"""One append of a commit: stream, expected version (None: the one this ledger knows), events."""
 
 
 class FinalizationInputs(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +125,28 @@ def _check_types(event: Event) -> None:
         group = getattr(event, "group_id", None)
         where = f"group {group!r}: " if group else ""
         raise LedgerRuleError(f"{where}{exc}") from None
+
+
+def _ledger_error(exc: RuleViolation) -> LedgerRuleError:
+    """The public error for a fold's violation (a stale attempt keeps both rollout ids)."""
+    if isinstance(exc, StaleAttempt):
+        return StaleAttemptError(
+            str(exc),
+            group_id=exc.group_id,
+            generation_index=exc.generation_index,
+            rollout_id=exc.rollout_id,
+            current_rollout_id=exc.current_rollout_id,
+        )
+    return LedgerRuleError(str(exc))
+
+
+@contextmanager
+def _rules() -> Iterator[None]:
+    """Run fold rules on behalf of a command: their violations become the ledger's errors."""
+    try:
+        yield
+    except RuleViolation as exc:
+        raise _ledger_error(exc) from None
 
 
 class RecoveryLedger:
@@ -136,7 +173,7 @@ class RecoveryLedger:
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._fenced: str | None = None
-        self.replay = ReplayOwnership(self)
+        self.replay = ReplayOwnership(self._require_state, self._commit)
         """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
     # -- loading ---------------------------------------------------------------------------
@@ -156,11 +193,13 @@ class RecoveryLedger:
         crash that took the data plane with it, use `restore` instead.
         """
         ledger = cls(log, data_plane, config=config, staging_partition=staging_partition)
-        head = log.head()
-        controller = [r for r in log.read_stream(CONTROLLER_STREAM) if r.seq <= head]
-        ledger._skipped = rolled_back(controller)
-        ledger._state, ledger._versions = fold_until(log, head, ledger._skipped)
+        ledger._load()
         return ledger
+
+    def _load(self) -> None:
+        head = self.log.head()
+        _, self._skipped = controller_history(self.log, head)
+        self._state, self._versions = fold_until(self.log, head, self._skipped)
 
     @property
     def state(self) -> LedgerState:
@@ -207,10 +246,8 @@ class RecoveryLedger:
 
     @staticmethod
     def _group(state: LedgerState, group_id: str) -> GroupState:
-        try:
+        with _rules():
             return state.group(group_id)
-        except RuleViolation as exc:
-            raise LedgerRuleError(str(exc)) from None
 
     def _expected(self, stream: str) -> ExpectedVersion:
         version = self._versions.get(stream)
@@ -221,21 +258,28 @@ class RecoveryLedger:
         return NO_STREAM if version is None else version
 
     def _commit(
-        self, cut: Cut, batches: Sequence[tuple[str, Sequence[Event]]]
+        self, cut: Cut, appends: Sequence[Append], *, base: LedgerState | None = None
     ) -> list[AppendResult]:
-        """Validate by folding into a copy, append atomically, then adopt the copy."""
+        """The one write path: validate by folding into a copy, append atomically, adopt.
+
+        Several appends land in one atomic step (EventLog.append_batch). `base` is the state to
+        fold into instead of this ledger's (a restore's checkpoint state); it also lifts the
+        fence, since a restore starts over from the log.
+        """
         cut.require_live()
-        if self._fenced is not None:
+        if base is None and self._fenced is not None:
             raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
-        trial = self._require_state().copy()
-        for _, events in batches:
-            for event in events:
-                _check_types(event)
-                try:
+        trial = (self._require_state() if base is None else base).copy()
+        with _rules():
+            for _, _, events in appends:
+                for event in events:
+                    _check_types(event)
                     fold(trial, event)
-                except RuleViolation as exc:
-                    raise LedgerRuleError(str(exc)) from None
-        requests = [AppendRequest(s, list(evs), self._expected(s)) for s, evs in batches if evs]
+        requests = [
+            AppendRequest(s, list(evs), self._expected(s) if v is None else v)
+            for s, v, evs in appends
+            if evs
+        ]
         try:
             results = self.log.append_batch(requests)
         except ConcurrencyError as exc:
@@ -244,10 +288,12 @@ class RecoveryLedger:
         for result in results:
             self._versions[result.stream] = result.versions[-1]
         self._state = trial
+        if base is not None:
+            self._fenced = None
         return results
 
     def _commit_group(self, cut: Cut, group_id: str, events: Sequence[Event]) -> None:
-        self._commit(cut, [(group_stream(group_id), events)])
+        self._commit(cut, [(group_stream(group_id), None, events)])
 
     # -- commands: reservation and admission -----------------------------------------------
 
@@ -356,7 +402,7 @@ class RecoveryLedger:
             )
             for g in pending
         ]
-        self._commit(cut, [(group_stream(e.group_id), [e]) for e in events])
+        self._commit(cut, [(group_stream(e.group_id), None, [e]) for e in events])
         return pending
 
     # -- commands: generation --------------------------------------------------------------
@@ -369,46 +415,16 @@ class RecoveryLedger:
         wanted = (
             group.indices("reserved") if generation_indices is None else list(generation_indices)
         )
-        refs = []
-        for index in wanted:
-            if not 0 <= index < group.expected_generations:
-                raise LedgerRuleError(f"group {group_id!r}, sibling {index}: no such sibling")
-            refs.append(attempt_ref(index, group.siblings[index].current))
+        with _rules():
+            refs = [attempt_ref(index, group.sibling(index).current) for index in wanted]
         self._commit_group(cut, group_id, [SiblingsDispatched(group_id=group_id, attempts=refs)])
         return refs
 
-    def _attempt(self, group: GroupState, index: int, rollout_id: str) -> AttemptState:
-        """The current attempt named by `rollout_id`; a superseded one raises StaleAttemptError."""
-        if not 0 <= index < group.expected_generations:
-            raise LedgerRuleError(f"group {group.group_id!r}, sibling {index}: no such sibling")
-        sibling = group.siblings[index]
-        current = sibling.current
-        where = f"group {group.group_id!r}, sibling {index}"
-        stale = {
-            "group_id": group.group_id,
-            "generation_index": index,
-            "rollout_id": rollout_id,
-            "current_rollout_id": current.rollout_id,
-        }
-        if rollout_id == current.rollout_id:
-            if current.status in ("abandoned", "failed"):
-                raise StaleAttemptError(
-                    f"{where}: attempt {current.attempt} ({rollout_id!r}) was {current.status}; "
-                    "its result is rejected",
-                    **stale,  # type: ignore[arg-type]
-                )
-            return current
-        for old in sibling.attempts[:-1]:
-            if old.rollout_id == rollout_id:
-                raise StaleAttemptError(
-                    f"{where}: attempt {old.attempt} ({rollout_id!r}) was superseded by attempt "
-                    f"{current.attempt} ({current.rollout_id!r}); its result is rejected",
-                    **stale,  # type: ignore[arg-type]
-                )
-        raise LedgerRuleError(
-            f"{where}: unknown rollout id {rollout_id!r}, expected the current attempt "
-            f"{current.attempt} ({current.rollout_id!r})"
-        )
+    @staticmethod
+    def _attempt(group: GroupState, index: int, rollout_id: str) -> AttemptState:
+        """The attempt a result names (the fold's stale-attempt rule, StaleAttemptError)."""
+        with _rules():
+            return live_attempt(group, index, rollout_id)
 
     def check_result(self, group_id: str, generation_index: int, rollout_id: str) -> AttemptState:
         """The current attempt a worker result names; StaleAttemptError when it was superseded.
@@ -448,11 +464,6 @@ class RecoveryLedger:
     ) -> bool:
         """Accept one attempt's result (`sibling` granularity). False: an identical repeat."""
         group = self.group(group_id)
-        if group.granularity != "sibling":
-            raise LedgerRuleError(
-                f"group {group_id!r}: granularity is {group.granularity}; seal every sibling at "
-                "once with seal_group"
-            )
         attempt = self._attempt(group, generation_index, rollout_id)
         result = SealResult(
             generation_index=generation_index,
@@ -463,7 +474,7 @@ class RecoveryLedger:
             mask_sample=mask_sample,
         )
         if attempt.status == "sealed":
-            return self._repeat(group, [result])
+            return self._repeat(group, [result], Granularity.SIBLING, "seal one sibling")
         event = SiblingSealed(
             group_id=group_id,
             generation_index=generation_index,
@@ -479,11 +490,6 @@ class RecoveryLedger:
     def seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> bool:
         """Accept every sibling's result at once (`prompt_group`); validated whole first."""
         group = self.group(group_id)
-        if group.granularity != "prompt_group":
-            raise LedgerRuleError(
-                f"group {group_id!r}: granularity is {group.granularity}; seal siblings one by "
-                "one with seal_sibling"
-            )
         sealed = []
         for r in results:
             attempt = self._attempt(group, r.generation_index, r.rollout_id)
@@ -498,13 +504,21 @@ class RecoveryLedger:
                 )
             )
         if group.status != "generating" and sealed:
-            return self._repeat(group, sealed)
+            return self._repeat(group, sealed, Granularity.PROMPT_GROUP, "seal the whole group")
         self._commit_group(cut, group_id, [GroupSealed(group_id=group_id, results=sealed)])
         return True
 
     @staticmethod
-    def _repeat(group: GroupState, results: Sequence[SealResult]) -> bool:
-        """An identical repeat of an accepted seal is a no-op; anything else is a conflict."""
+    def _repeat(
+        group: GroupState, results: Sequence[SealResult], method: Granularity, action: str
+    ) -> bool:
+        """An identical repeat of an accepted seal is a no-op; anything else is a conflict.
+
+        The seal method must still fit the group (the fold's rule, checked here because a
+        repeat never reaches the fold).
+        """
+        with _rules():
+            require_granularity(group, method, action)
         for r in results:
             held = group.siblings[r.generation_index].current
             if (held.status, held.receipt, held.reward, held.mask_sample) != (
@@ -636,7 +650,7 @@ class RecoveryLedger:
                 never_staged=[],
                 reason=reason,
             )
-            self._commit(cut, [(CONTROLLER_STREAM, [event])])
+            self._commit(cut, [(CONTROLLER_STREAM, None, [event])])
             self.data_plane.delete_rows(self.staging_partition, [c.key for c in cleared])
         return cleared
 
@@ -649,7 +663,32 @@ class RecoveryLedger:
         staging row exists, saves the data plane's checkpoint under `directory`, appends
         CheckpointCommitted and stores a projection snapshot at its seq.
         """
-        return run_checkpoint(self, cut, step=step, directory=directory)
+        cut.require_live()
+        if getattr(cut, "exclusive", True) is False:
+            raise LedgerRuleError(
+                "checkpoint needs the barrier's exclusive checkpoint cut, found a mutation cut",
+                hint="async with barrier.checkpoint() as cut: ledger.checkpoint(cut, ...)",
+            )
+        state = self._require_state()
+        event = checkpoint_event(
+            state,
+            self.data_plane,
+            self.staging_partition,
+            self.log,
+            step=step,
+            directory=directory,
+        )
+        (result,) = self._commit(cut, [(CONTROLLER_STREAM, None, [event])])
+        seq = result.seqs[0]
+        save_snapshot(self.log, seq, self._require_state(), self._versions)
+        logger.info(
+            "checkpoint step %d at seq %d: %d groups, %d data-plane rows",
+            step,
+            seq,
+            event.group_count,
+            event.row_count,
+        )
+        return event
 
     def check_rows(self) -> None:
         """Every staging key a sealed attempt owns must be in the data plane (fail closed)."""
@@ -658,19 +697,26 @@ class RecoveryLedger:
     def restore(self, cut: Cut, dataset: Dataset, *, step: int | None = None) -> RestorePlan:
         """Go back to a checkpoint (the newest with `step`, or the newest of all when None).
 
-        Loads the checkpoint's data plane, folds the log up to the checkpoint, marks later
-        records rolled back, applies each group's stored granularity, reconciles the staging
-        rows and rehydrates every prompt, then returns the plan (see eventlog.restore).
+        Loads the checkpoint's data plane, folds the log up to the checkpoint, checks
+        everything, then commits RestoreStarted (its seq closes the rolled-back range) and, in
+        one atomic step, each group's restart events (by its stored granularity) with
+        StagingCleared and RestoreCompleted; reconciles the staging rows and rehydrates every
+        prompt, then returns the plan (see eventlog.recovery.restore).
         """
         cut.require_live()
+        prepared = prepare_restore(self.log, self.data_plane, self.staging_partition, dataset, step)
         try:
-            plan, state, versions, skipped, prompts = run_restore(self, dataset, step)
+            (started,) = self._commit(cut, [prepared.start], base=prepared.state)
+            plan, skipped, appends = finish_restore(prepared, started.seqs[0], started.versions[-1])
+            self._versions = {**prepared.versions, CONTROLLER_STREAM: started.versions[-1]}
+            self._skipped = skipped
+            self._prompts = dict(prepared.prompts)
+            self._commit(cut, appends)
         except ConcurrencyError as exc:
             self._fenced = f"another writer appended to stream {exc.stream!r} during restore"
             raise
-        self._state, self._versions, self._skipped = state, versions, skipped
-        self._prompts = dict(prompts)
-        self._fenced = None
+        if plan.staging.clear:
+            self.data_plane.delete_rows(plan.staging.partition, plan.staging.clear)
         return plan
 
 

@@ -8,10 +8,10 @@ removed: a concurrent task may legitimately have taken them first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from eventlog.events import Event
+from eventlog.recovery.barrier import LiveCut
 from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
@@ -20,36 +20,37 @@ from eventlog.recovery.vocabulary import (
     ReplayReleased,
     ReplaySelected,
 )
-from projections.siblings import ReplayEntry, ReplayStatus
+from projections.siblings import LedgerState, ReplayEntry, ReplayStatus
 
-if TYPE_CHECKING:
-    from eventlog.recovery.ledger import Cut, RecoveryLedger
+Commit = Callable[[LiveCut, Sequence[tuple[str, None, Sequence[Event]]]], object]
+"""The ledger's one commit path: validate by folding, append atomically, adopt."""
 
 
 class ReplayOwnership:
-    """The `replay` stream's commands, sharing the ledger's state, cut checks and log."""
+    """The `replay` stream's commands, on the ledger's state and through its commit path."""
 
-    def __init__(self, ledger: RecoveryLedger) -> None:
-        self._ledger = ledger
+    def __init__(self, state: Callable[[], LedgerState], commit: Commit) -> None:
+        self._state = state
+        self._commit = commit
 
     def entries(self, status: ReplayStatus | None = None) -> list[ReplayEntry]:
         """Owned groups in finalization order (optionally only those in `status`)."""
-        replay = self._ledger._require_state().replay
+        replay = self._state().replay
         return [e for e in replay.values() if status is None or e.status == status]
 
-    def _append(self, cut: Cut, event: Event) -> None:
-        self._ledger._commit(cut, [(REPLAY_STREAM, [event])])
+    def _append(self, cut: LiveCut, event: Event) -> None:
+        self._commit(cut, [(REPLAY_STREAM, None, [event])])
 
-    def select(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> None:
+    def select(self, cut: LiveCut, group_ids: Sequence[str], *, step: int) -> None:
         """Pick ready groups to train `step`; every id must be owned and ready."""
         self._append(cut, ReplaySelected(group_ids=list(group_ids), step=step))
 
-    def release(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> None:
+    def release(self, cut: LiveCut, group_ids: Sequence[str], *, reason: str) -> None:
         """Return selected groups to the buffer untrained."""
         self._append(cut, ReplayReleased(group_ids=list(group_ids), reason=reason))
 
     def _present(self, group_ids: Sequence[str], status: ReplayStatus, action: str) -> list[str]:
-        replay = self._ledger._require_state().replay
+        replay = self._state().replay
         present = []
         for gid in dict.fromkeys(group_ids):
             entry = replay.get(gid)
@@ -60,14 +61,14 @@ class ReplayOwnership:
             present.append(gid)
         return present
 
-    def consume(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> list[str]:
+    def consume(self, cut: LiveCut, group_ids: Sequence[str], *, step: int) -> list[str]:
         """Selected groups trained at `step`; returns the ids removed (absent ones skipped)."""
         present = self._present(group_ids, "selected", "consume")
         if present:
             self._append(cut, ReplayConsumed(group_ids=present, step=step))
         return present
 
-    def evict(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> list[str]:
+    def evict(self, cut: LiveCut, group_ids: Sequence[str], *, reason: str) -> list[str]:
         """Drop ready groups untrained; returns the ids removed (absent ones skipped)."""
         present = self._present(group_ids, "ready", "evict")
         if present:

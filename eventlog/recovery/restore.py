@@ -13,27 +13,35 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
-from eventlog.dataplane.protocol import DataPlaneCheckpoint
+from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
-from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
+from eventlog.log import EventLog
+from eventlog.records import NO_STREAM, ExpectedVersion
 from eventlog.recovery.checkpoint import fold_until
 from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     REPLAY_STREAM,
     AttemptRef,
+    CheckpointCommitted,
     Granularity,
     RestoreCompleted,
     RestoreStarted,
+    SealResult,
     StagingCleared,
     attempt_stream,
     group_stream,
 )
-from projections.history import RolledBack, effective_checkpoints, rolled_back
+from projections.history import (
+    RolledBack,
+    controller_history,
+    effective_checkpoints,
+    rolled_back_range,
+)
 from projections.reconcile import Reconciliation, reconcile, referenced_keys, staged_by
 from projections.recovery import attempts_used, restart_events
 from projections.siblings import (
@@ -44,10 +52,6 @@ from projections.siblings import (
     fold_all,
     state_digest,
 )
-
-if TYPE_CHECKING:
-    from eventlog.log import EventLog
-    from eventlog.recovery.ledger import RecoveryLedger
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +98,6 @@ def check_prompt(group: GroupState, prompt: object) -> Prompt:
     return prompt
 
 
-class SealedSibling(msgspec.Struct, frozen=True, kw_only=True):
-    """A sibling whose result survives the restore unchanged."""
-
-    generation_index: int
-    attempt: int
-    rollout_id: str
-    staging_keys: list[str]
-    reward: float
-    mask_sample: bool
-    target_step: int | None
-
-
 @dataclass(frozen=True)
 class GroupPlan:
     """One restored group: what is kept and exactly what to redispatch."""
@@ -118,7 +110,8 @@ class GroupPlan:
     target_step: int | None
     start_weight_version: int
     prompt: Prompt
-    sealed: list[SealedSibling]
+    sealed: list[SealResult]
+    """Siblings whose result survives the restore unchanged (the group has the target step)."""
     redispatch: list[AttemptRef]
 
     @property
@@ -152,14 +145,13 @@ class RestorePlan:
 
 def group_plan(group: GroupState, prompt: Prompt) -> GroupPlan:
     sealed = [
-        SealedSibling(
+        SealResult(
             generation_index=s.generation_index,
             attempt=s.current.attempt,
             rollout_id=s.current.rollout_id,
-            staging_keys=list(s.current.staging_keys),
+            receipt=s.current.receipt,
             reward=s.current.reward if s.current.reward is not None else 0.0,
             mask_sample=bool(s.current.mask_sample),
-            target_step=group.target_step,
         )
         for s in group.siblings
         if s.current.status == "sealed"
@@ -234,19 +226,42 @@ def _rehydrate(dataset: Dataset, group: GroupState) -> Prompt:
     return check_prompt(group, prompt)
 
 
-def run_restore(
-    ledger: RecoveryLedger, dataset: Dataset, step: int | None
-) -> tuple[RestorePlan, LedgerState, dict[str, int], RolledBack, dict[str, Prompt]]:
-    """Everything `RecoveryLedger.restore` does; it adopts what this returns.
+Append = tuple[str, ExpectedVersion, list[Event]]
+"""One append of a restore: stream, the version it must be at, and its events."""
 
-    All checks (checkpoint found, digest, granularity, reconciliation, prompt identity) run
-    before anything is appended; a failure raises and appends nothing. The data plane is loaded
-    first because every later check reads it.
+
+@dataclass(frozen=True)
+class PreparedRestore:
+    """Everything a restore checked before appending anything; the ledger commits `start`."""
+
+    checkpoint_seq: int
+    checkpoint: CheckpointCommitted
+    state: LedgerState
+    """The state at the checkpoint: what the ledger folds `finish_restore`'s events into."""
+    restored: LedgerState
+    """`state` with the restart events folded in: what the plan describes."""
+    skipped: RolledBack
+    """Rolled-back ranges before this restore."""
+    versions: dict[str, int]
+    """Stream versions now, for the ledger's expected versions after the restore."""
+    prompts: dict[str, Prompt]
+    staging: Reconciliation
+    group_events: list[Append]
+    start: Append
+    """RestoreStarted: appended alone first, so its seq closes the rolled-back range."""
+
+
+def prepare_restore(
+    log: EventLog, data_plane: DataPlane, partition: str, dataset: Dataset, step: int | None
+) -> PreparedRestore:
+    """Load the checkpoint's data plane and run every check a restore makes; append nothing.
+
+    Checkpoint found, ledger digest, granularity (each group's stored one, never the current
+    config: in-flight attempts are abandoned and retried), reconciliation, prompt identity: a
+    failure raises before the ledger appends anything. The data plane is loaded first because
+    every later check reads it.
     """
-    log = ledger.log
-    head = log.head()
-    controller = [r for r in log.read_stream(CONTROLLER_STREAM) if r.seq <= head]
-    skipped = rolled_back(controller)
+    controller, skipped = controller_history(log, log.head())
     checkpoints = effective_checkpoints(controller, skipped)
     chosen = [c for c in checkpoints if step is None or c[1].step == step]
     if not chosen:
@@ -258,7 +273,7 @@ def run_restore(
         )
     ckpt_seq, ckpt = chosen[-1]
 
-    ledger.data_plane.load_checkpoint(
+    data_plane.load_checkpoint(
         DataPlaneCheckpoint(
             ref=ckpt.data_plane_ref,
             inventory_digest=ckpt.inventory_digest,
@@ -273,23 +288,24 @@ def run_restore(
             f"{found[:16]}…, the checkpoint recorded {ckpt.ledger_digest[:16]}…"
         )
 
-    # Stored granularity, never the current config: in-flight attempts are abandoned and retried.
-    group_events: list[tuple[str, list[Event]]] = []
+    group_events: list[Append] = []
     for group in state.groups.values():
         # Read the whole stream, rolled-back records included: numbers they used stay used.
-        used = attempts_used(r.event for r in log.read_stream(group_stream(group.group_id)))
+        stream = group_stream(group.group_id)
+        used = attempts_used(r.event for r in log.read_stream(stream))
         events = restart_events(group, used)
         if events:
-            group_events.append((group.group_id, events))
+            group_events.append((stream, _expected(log, stream), events))
+    restored = state.copy()
     try:
-        for _, events in group_events:
-            fold_all(state, events)
-        present = ledger.data_plane.list_keys(ledger.staging_partition)
+        for _, _, events in group_events:
+            fold_all(restored, events)
+        present = data_plane.list_keys(partition)
         staging = reconcile(
-            state,
+            restored,
             present,
-            _staged(log, ledger.staging_partition, present, referenced_keys(state)),
-            ledger.staging_partition,
+            _staged(log, partition, present, referenced_keys(restored)),
+            partition,
         )
     except RuleViolation as exc:
         raise ReconciliationError(f"checkpoint step {ckpt.step}: {exc}") from None
@@ -302,34 +318,45 @@ def run_restore(
             f"({len(staging.missing)} missing in all)",
             hint="the data-plane checkpoint does not hold the rows the log says were sealed",
         )
-    prompts = {gid: _rehydrate(dataset, group) for gid, group in state.groups.items()}
-
-    def expected(stream: str) -> ExpectedVersion:
-        version = log.stream_version(stream)
-        return NO_STREAM if version is None else version
-
-    controller_version = controller[-1].version if controller else None
-    (started,) = log.append_batch(
-        [
-            AppendRequest(
-                CONTROLLER_STREAM,
-                [
-                    RestoreStarted(
-                        checkpoint_step=ckpt.step,
-                        checkpoint_seq=ckpt_seq,
-                        rolled_back_from_seq=ckpt_seq + 1,
-                    )
-                ],
-                NO_STREAM if controller_version is None else controller_version,
-            )
-        ]
+    prompts = {gid: _rehydrate(dataset, group) for gid, group in restored.groups.items()}
+    streams = [group_stream(g) for g in state.groups] + [CONTROLLER_STREAM, REPLAY_STREAM]
+    versions = {s: v for s in streams if (v := log.stream_version(s)) is not None}
+    start = RestoreStarted(
+        checkpoint_step=ckpt.step, checkpoint_seq=ckpt_seq, rolled_back_from_seq=ckpt_seq + 1
     )
-    started_seq = started.seqs[0]
-    rolled = (ckpt_seq + 1, started_seq - 1)
-    skipped = RolledBack([*skipped.ranges, rolled])
+    controller_version = controller[-1].version if controller else NO_STREAM
+    return PreparedRestore(
+        checkpoint_seq=ckpt_seq,
+        checkpoint=ckpt,
+        state=state,
+        restored=restored,
+        skipped=skipped,
+        versions=versions,
+        prompts=prompts,
+        staging=staging,
+        group_events=group_events,
+        start=(CONTROLLER_STREAM, controller_version, [start]),
+    )
+
+
+def finish_restore(
+    prepared: PreparedRestore, started_seq: int, started_version: int
+) -> tuple[RestorePlan, RolledBack, list[Append]]:
+    """The plan, the rolled-back ranges, and the appends that close a restore (one atomic step).
+
+    Each group's restart events (abandon and retry by its stored granularity) go to its
+    stream; StagingCleared and RestoreCompleted close the controller stream. The caller deletes
+    `plan.staging.clear` from the data plane after they are appended.
+    """
+    ckpt, ckpt_seq = prepared.checkpoint, prepared.checkpoint_seq
+    _, _, (started,) = prepared.start
+    assert isinstance(started, RestoreStarted)
+    rolled = rolled_back_range(started, started_seq)
+    skipped = RolledBack([*prepared.skipped.ranges, rolled])
+    staging = prepared.staging
     plan = build_plan(
-        state,
-        prompts,
+        prepared.restored,
+        prepared.prompts,
         checkpoint_step=ckpt.step,
         checkpoint_seq=ckpt_seq,
         rolled_back=rolled,
@@ -354,24 +381,21 @@ def run_restore(
             **plan.counts,
         )
     )
-    requests = [
-        AppendRequest(group_stream(g), evs, expected(group_stream(g))) for g, evs in group_events
-    ]
-    requests.append(AppendRequest(CONTROLLER_STREAM, closing, started.versions[-1]))
-    log.append_batch(requests)
-    if staging.clear:
-        ledger.data_plane.delete_rows(staging.partition, staging.clear)
-    streams = [group_stream(g) for g in state.groups] + [CONTROLLER_STREAM, REPLAY_STREAM]
-    versions = {s: v for s in streams if (v := log.stream_version(s)) is not None}
+    appends = [*prepared.group_events, (CONTROLLER_STREAM, started_version, closing)]
     logger.info(
-        "restored checkpoint step %d (seq %d): rolled back seqs %d..%d; %s",
+        "restoring checkpoint step %d (seq %d): rolling back seqs %d..%d; %s",
         ckpt.step,
         ckpt_seq,
         rolled[0],
         rolled[1],
         plan.counts,
     )
-    return plan, state, versions, skipped, prompts
+    return plan, skipped, appends
+
+
+def _expected(log: EventLog, stream: str) -> ExpectedVersion:
+    version = log.stream_version(stream)
+    return NO_STREAM if version is None else version
 
 
 def _staged(

@@ -6,7 +6,9 @@ Tags are the class names and never change (old logs stay readable); schema evolu
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+import enum
+import re
+from typing import Annotated, ClassVar, NamedTuple
 
 import msgspec
 
@@ -24,8 +26,16 @@ from eventlog.events import Event, event_type
 CONTROLLER_STREAM = "controller"
 REPLAY_STREAM = "replay"
 
-Granularity = Literal["sibling", "prompt_group"]
-"""What a failure abandons and a retry redispatches: one sibling, or every sibling of a group."""
+
+class Granularity(enum.StrEnum):
+    """What a failure abandons and a retry redispatches: one sibling, or every sibling of a group.
+
+    A `StrEnum`, so a member equals its stored string and stored logs decode unchanged.
+    """
+
+    SIBLING = "sibling"
+    PROMPT_GROUP = "prompt_group"
+
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 Index = Annotated[int, msgspec.Meta(ge=0)]
@@ -52,6 +62,26 @@ def rollout_id_for(group_id: str, generation_index: int, attempt: int) -> str:
     return base if attempt == 0 else f"{base}-a{attempt}"
 
 
+class RolloutId(NamedTuple):
+    """The parts a rollout id is built from (`rollout_id_for` is the inverse)."""
+
+    group_id: str
+    generation_index: int
+    attempt: int
+
+
+_ROLLOUT_ID = re.compile(r"^(?P<group>.+)_g(?P<index>\d+)(?:-a(?P<attempt>[1-9]\d*))?$")
+
+
+def parse_rollout_id(rollout_id: str) -> RolloutId | None:
+    """Group, sibling and attempt of a rollout id built by `rollout_id_for`; None otherwise."""
+    match = _ROLLOUT_ID.match(rollout_id)
+    if match is None:
+        return None
+    parsed = RolloutId(match["group"], int(match["index"]), int(match["attempt"] or 0))
+    return parsed if rollout_id_for(*parsed) == rollout_id else None  # e.g. no leading zeros
+
+
 class PromptRef(msgspec.Struct, frozen=True, kw_only=True):
     """Where the prompt comes from: a durable locator, never the prompt itself."""
 
@@ -74,8 +104,27 @@ class AttemptRef(msgspec.Struct, frozen=True, kw_only=True):
     rollout_id: NonEmpty
 
 
+class SiblingResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One sibling's result as a worker reports it (`RecoveryLedger.seal_group`'s input).
+
+    With `SealResult` it is the one documented pair of sibling-result types: this one names
+    the attempt by rollout id only, `SealResult` is what the ledger stores once it checked
+    which attempt that is. A worker's full report (failures, token counts) is
+    `eventlog.rollout.worker.AttemptResult`. mask_sample has no default on purpose.
+    """
+
+    generation_index: int
+    rollout_id: str
+    receipt: Receipt | None
+    reward: float
+    mask_sample: bool
+
+
 class SealResult(msgspec.Struct, frozen=True, kw_only=True):
-    """One sibling's accepted result inside a GroupSealed (mask_sample has no default)."""
+    """One sibling's accepted result: stored in a GroupSealed, kept by a restore plan.
+
+    mask_sample has no default on purpose.
+    """
 
     generation_index: Index
     attempt: Index
