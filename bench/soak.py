@@ -11,7 +11,7 @@ The parent SIGKILLs the child after a random delay, then checks the log:
 - `verify` finds no problem; and the log is still appendable (one probe append).
 
 The log is replaced every `--rotate` kills so the checks stay cheap. Results (kills per mode,
-acknowledged events, lost = 0) go to bench/results/soak.json; RELIABILITY.md reports them.
+acknowledged events, lost = 0) go to bench/results/soak.*.json; RELIABILITY.md reports them.
 """
 
 from __future__ import annotations

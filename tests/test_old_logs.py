@@ -16,11 +16,19 @@ from eventlog.recovery import vocabulary
 BEFORE_RECOVERY_MOVE = Path(__file__).parent / "data" / "log-0.1.0-before-recovery-move.sqlite"
 
 
+def _upgraded_copy(tmp_path: Path) -> Path:
+    """A copy of the old log, migrated the documented way (it predates migration 0003)."""
+    copy = tmp_path / "old.db"
+    shutil.copy(BEFORE_RECOVERY_MOVE, copy)
+    upgraded = CliRunner().invoke(main, ["db", "upgrade", str(copy)])
+    assert upgraded.exit_code == 0, upgraded.output
+    return copy
+
+
 def test_a_log_written_before_the_recovery_move_decodes_to_the_same_vocabulary(
     tmp_path: Path,
 ) -> None:
-    copy = tmp_path / "old.db"
-    shutil.copy(BEFORE_RECOVERY_MOVE, copy)
+    copy = _upgraded_copy(tmp_path)
     with EventLog.open(copy) as log:
         records = list(log.read())
         assert log.verify().ok
@@ -38,8 +46,7 @@ def test_a_log_written_before_the_recovery_move_decodes_to_the_same_vocabulary(
 
 
 def test_the_cli_reads_a_log_written_before_the_recovery_move(tmp_path: Path) -> None:
-    copy = tmp_path / "old.db"
-    shutil.copy(BEFORE_RECOVERY_MOVE, copy)
+    copy = _upgraded_copy(tmp_path)
     for args in (["replay", "X", "--group", "g7"], ["stats", "X"], ["inspect", "group", "X", "g7"]):
         result = CliRunner().invoke(main, [str(copy) if a == "X" else a for a in args])
         assert result.exit_code == 0, (args, result.output)
