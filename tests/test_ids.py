@@ -1,0 +1,36 @@
+"""Minted event ids: UUIDv7 layout, ordered in one process, distinct across a fork."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from eventlog.ids import new_event_id
+
+
+def test_minted_ids_are_uuid7_equal_to_their_parsed_form_and_strictly_increasing() -> None:
+    ids = [new_event_id() for _ in range(5000)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert all(uuid.UUID(bytes=i.bytes) == i and hash(uuid.UUID(str(i))) == hash(i) for i in ids)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_mints_ids_its_parent_does_not() -> None:
+    new_event_id()  # the parent now holds unused random bytes a child would inherit
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        os.write(write, b"".join(new_event_id().bytes for _ in range(64)))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    child = {data[i : i + 16][8:] for i in range(0, len(data), 16)}
+    parent = {new_event_id().bytes[8:] for _ in range(64)}
+    # The random tails (bytes 8..15) of the two processes' ids never meet.
+    assert len(child) == 64 and not child & parent
