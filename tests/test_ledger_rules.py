@@ -10,7 +10,14 @@ from eventlog import EventLog
 from eventlog.errors import ConcurrencyError
 from eventlog.recovery.errors import BarrierError, LedgerRuleError, StaleAttemptError
 from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
-from eventlog.recovery.vocabulary import PromptRef, Receipt, StaleResultRejected, group_stream
+from eventlog.recovery.vocabulary import (
+    PromptRef,
+    Receipt,
+    StaleResultRejected,
+    group_stream,
+    parse_rollout_id,
+    rollout_id_for,
+)
 from tests.fixtures.ledger import Harness, harness_fixture, make_prompt  # noqa: F401
 
 
@@ -225,6 +232,66 @@ def test_prompt_group_refuses_single_sibling_seals(harness: Harness) -> None:
     h.dispatch("g1")
     with pytest.raises(LedgerRuleError, match="seal every sibling at once"):
         h.seal("g1", 0)
+
+
+def test_a_repeated_seal_by_the_wrong_method_is_refused_not_a_noop(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    receipt = h.stage("g1_g0")
+    h.run(
+        lambda cut: h.ledger.seal_sibling(
+            cut, "g1", 0, rollout_id="g1_g0", receipt=receipt, reward=1.0, mask_sample=False
+        )
+    )
+    head = h.log.head()
+    same = SiblingResult(
+        generation_index=0, rollout_id="g1_g0", receipt=receipt, reward=1.0, mask_sample=False
+    )
+    with pytest.raises(LedgerRuleError, match="seal siblings one by one"):
+        h.run(lambda cut: h.ledger.seal_group(cut, "g1", [same]))
+    assert h.log.head() == head
+
+
+def test_a_sibling_outside_the_group_is_refused_by_every_command(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match=r"sibling 2: no such sibling \(the group has 2\)"):
+        h.run(lambda cut: h.ledger.dispatch(cut, "g1", [2]))
+    with pytest.raises(LedgerRuleError, match="sibling -1: no such sibling"):
+        h.ledger.check_result("g1", -1, "g1_g0")
+    assert h.log.head() == head
+
+
+def test_check_result_names_both_rollout_ids_of_a_stale_result(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    h.run(lambda cut: h.ledger.abandon_unsealed(cut, "g1", reason="timeout"))
+    h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    with pytest.raises(StaleAttemptError) as caught:
+        h.ledger.check_result("g1", 0, "g1_g0")
+    stale = caught.value
+    assert (stale.group_id, stale.generation_index) == ("g1", 0)
+    assert (stale.rollout_id, stale.current_rollout_id) == ("g1_g0", "g1_g0-a1")
+    with pytest.raises(LedgerRuleError, match="unknown rollout id 'g1_g0-a7'") as unknown:
+        h.ledger.check_result("g1", 0, "g1_g0-a7")
+    assert not isinstance(unknown.value, StaleAttemptError)
+
+
+@pytest.mark.parametrize(
+    ("group_id", "index", "attempt"),
+    [("g1", 0, 0), ("step3-g2", 1, 4), ("a_g1", 12, 1), ("x-a1", 0, 2)],
+)
+def test_a_rollout_id_parses_back_to_what_built_it(group_id: str, index: int, attempt: int) -> None:
+    rollout_id = rollout_id_for(group_id, index, attempt)
+    assert parse_rollout_id(rollout_id) == (group_id, index, attempt)
+
+
+@pytest.mark.parametrize("text", ["g1", "g1_g", "g1_gx", "g1_g01", "g1_g0-a0", "g1_g0-a", "_g0"])
+def test_text_no_rollout_id_was_built_from_does_not_parse(text: str) -> None:
+    assert parse_rollout_id(text) is None
 
 
 def test_prompt_group_seal_is_atomic_and_a_partial_set_seals_nothing(harness: Harness) -> None:

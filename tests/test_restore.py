@@ -408,3 +408,31 @@ def test_a_rollout_id_never_names_two_physical_runs_across_restores(harness: Har
         (0, "g1_g0-a1"),
         (1, "g1_g1"),
     ]
+
+
+def test_a_fenced_ledger_restores_from_the_log_and_commands_again(harness: Harness) -> None:
+    """A restore commits through the ledger's one write path yet starts over from the log."""
+    from eventlog import EventLog
+    from eventlog.errors import ConcurrencyError
+
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.checkpoint(1)
+    other_log = EventLog.open(h.path)
+    try:
+        other = RecoveryLedger.open(other_log, h.data_plane)
+        h.seal("g1", 1)  # the other ledger's versions are stale now
+        with pytest.raises(ConcurrencyError):
+            h.run(lambda cut: other.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="x"))
+        with pytest.raises(LedgerRuleError, match="stale"):
+            h.run(lambda cut: other.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="x"))
+        plan = h.run(lambda cut: other.restore(cut, h.dataset), kind="recovery_restore")
+        assert plan.admitted[0].redispatch_indices == [0, 1]
+        refs = h.run(lambda cut: other.dispatch(cut, "g1"))
+        assert [r.rollout_id for r in refs] == ["g1_g0-a1", "g1_g1-a1"]
+        assert state_digest(other.state) == state_digest(
+            RecoveryLedger.open(other_log, h.data_plane).state
+        )
+    finally:
+        other_log.close()

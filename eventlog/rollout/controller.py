@@ -36,9 +36,15 @@ from eventlog.log import EventLog
 from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.config import RecoveryConfig
 from eventlog.recovery.errors import ConfigError, LedgerRuleError, StaleAttemptError
-from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
+from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.restore import GroupPlan, Prompt, RestorePlan
-from eventlog.recovery.vocabulary import AttemptRef, PromptRef, group_stream, rollout_id_for
+from eventlog.recovery.vocabulary import (
+    AttemptRef,
+    PromptRef,
+    SiblingResult,
+    group_stream,
+    rollout_id_for,
+)
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.pool import AttemptSkipped, RolloutPool, WorkerPool
 from eventlog.rollout.rows import TRAINING_PARTITION, StepReport, canonical_rows, step_report
