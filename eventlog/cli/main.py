@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, str] = {
     "inspect": "eventlog.recovery.cli.inspect:inspect",
     "state": "eventlog.recovery.cli.state:state",
     "diff": "eventlog.recovery.cli.diff:diff",
+    "export": "eventlog.recovery.cli.export:export",
 }
 
 

@@ -56,6 +56,8 @@ class Marker(Protocol):
     hide_flag: str
     """e.g. "--effective"."""
     hide_help: str
+    column: str
+    """The key of a mark's fields that `export` writes as a `records` column."""
 
     def marks(self, log: EventLog) -> Callable[[int], Mark | None] | None:
         """The mark of the record at a seq (None when it counts); None when the log has no

@@ -59,7 +59,7 @@ def test_state_prints_groups_by_status_for_people(run: AuditedRun) -> None:
     assert lines[0].startswith("ledger at seq ")
     assert lines[0].endswith("1 groups (1 generating)")
     assert lines[1] == "replay buffer: empty"
-    row = [line.split() for line in lines if line.startswith("g1 ")][0]
+    row = next(line.split() for line in lines if line.startswith("g1 "))
     assert row[:6] == ["g1", "generating", "admitted", "1", "1", "2"]
 
 

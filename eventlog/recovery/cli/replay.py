@@ -74,6 +74,7 @@ class RolledBackMarker:
     title = "rolled back by"
     hide_flag = "--effective"
     hide_help = "Hide records a restore rolled back (the history every rebuild sees)."
+    column = "rolled_back_by"
 
     def marks(self, log: EventLog) -> Callable[[int], Mark | None] | None:
         run = RunLog(log)
