@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eventlog.recovery.vocabulary import RestoreStarted
+from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
 from tests.cli.helpers import cli
 
@@ -67,13 +67,10 @@ def test_jsonl_and_csv_tables_hold_the_same_rows(run: AuditedRun, tmp_path: Path
     export(run, tmp_path / "csv", "csv")
     lines = (tmp_path / "jsonl" / "records.jsonl").read_text().splitlines()
     assert [json.loads(line)["seq"] for line in lines] == [r.seq for r in records]
-    staged = [r for r in records if r.type == "TokensStaged"]
+    staged = [r.event.token_count for r in records if isinstance(r.event, TokensStaged)]
     with (tmp_path / "csv" / "TokensStaged.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [int(row["token_count"]) for row in rows] == [
-        r.event.token_count
-        for r in staged  # type: ignore[attr-defined]
-    ]
+    assert [int(row["token_count"]) for row in rows] == staged
     assert rows[0]["recorded_at"].endswith("Z")
 
 
