@@ -575,6 +575,14 @@ def _on_retry(state: LedgerState, ev: RetryPrepared) -> None:
     group = state.group(ev.group_id)
     _require(group, status=("generating",), action="prepare a retry")
     indices = [r.generation_index for r in ev.attempts]
+    if group.granularity == "prompt_group":
+        live = group.indices("reserved", "dispatched")
+        if live and len(live) < group.expected_generations:
+            raise RuleViolation(
+                f"prompt_group retries every sibling together, but siblings {live} are still "
+                f"live while {group.indices('failed', 'abandoned')} ended; abandon_unsealed first",
+                group_id=group.group_id,
+            )
     _unique_indices(group, indices, "RetryPrepared", every=group.granularity == "prompt_group")
     numbers = {ref.attempt for ref in ev.attempts}
     if group.granularity == "prompt_group" and len(numbers) != 1:

@@ -21,6 +21,7 @@ from eventlog.records import ANY
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
+    AttemptFailed,
     AttemptRef,
     FinalizationStarted,
     GroupAbandoned,
@@ -201,6 +202,17 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
         [reserved(), dispatched(ref(0))],
         RetryPrepared(group_id="g", attempts=[ref(0, 1)]),
         "while it is dispatched",
+    ),
+    "partial retry under prompt_group": (
+        [
+            reserved(granularity="prompt_group"),
+            dispatched(ref(0), ref(1)),
+            AttemptFailed(
+                group_id="g", generation_index=1, attempt=0, rollout_id="g_g1", error="x"
+            ),
+        ],
+        RetryPrepared(group_id="g", attempts=[ref(1, 1)]),
+        "siblings \\[0\\] are still live while \\[1\\] ended; abandon_unsealed first",
     ),
     "retry number does not grow": (
         [

@@ -556,18 +556,7 @@ class RecoveryLedger:
     def prepare_retry(self, cut: Cut, group_id: str) -> list[AttemptRef]:
         """Mint the next attempt for every failed or abandoned sibling (none: no-op)."""
         cut.require_live()
-        group = self.group(group_id)
-        if group.granularity == "prompt_group" and group.status == "generating":
-            done, busy = (
-                group.indices("failed", "abandoned"),
-                group.indices("dispatched", "reserved"),
-            )
-            if done and busy:
-                raise LedgerRuleError(
-                    f"group {group_id!r}: prompt_group retries every sibling together, but "
-                    f"siblings {busy} are still live while {done} ended; abandon_unsealed first"
-                )
-        events = retry_events(group)
+        events = retry_events(self.group(group_id))
         if events:
             self._commit_group(cut, group_id, events)
         return [ref for e in events for ref in e.attempts]  # type: ignore[attr-defined]
