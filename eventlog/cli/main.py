@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, str] = {
     "state": "eventlog.recovery.cli.state:state",
     "diff": "eventlog.recovery.cli.diff:diff",
     "export": "eventlog.recovery.cli.export:export",
+    "report": "eventlog.recovery.cli.report:report_command",
 }
 
 

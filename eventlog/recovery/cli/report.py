@@ -1,0 +1,401 @@
+"""`eventlog report TARGET -o run.html`: one self-contained HTML page of plots of a run.
+
+Group lifecycles (a Gantt of attempts per group), retries and failures per step, tokens
+trained vs thrown away, the staleness distribution and the append rate, with every restore
+marked on every time axis. Drawn with matplotlib as inline SVG: the file opens with no
+network. Figures come from the same folds as `stats` (projections.audit_stats) and one pass
+over the log; the Gantt shows the first groups reserved (a page cannot hold a million bars).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from eventlog.cli.exits import CliUsageError
+from eventlog.cli.output import seq_progress, stdout_console
+from eventlog.cli.targets import open_log, shown_target
+from eventlog.cli.times import format_ns
+from eventlog.log import EventLog
+from eventlog.recovery.cli.runlog import RunLog, decoded
+from eventlog.recovery.vocabulary import (
+    AttemptFailed,
+    GenerationFailed,
+    GenerationFinished,
+    GenerationStarted,
+    GroupAbandoned,
+    GroupDiscarded,
+    GroupFinalized,
+    GroupReserved,
+    GroupSealed,
+    ReplayConsumed,
+    SiblingSealed,
+    UnsealedAbandoned,
+)
+from projections.audit_stats import STATS_TYPES, AuditReport, AuditState, fold_audit, report
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+GANTT_GROUPS = 60
+RATE_BINS = 120
+COLORS = {
+    "counts": "#2b8a3e",
+    "failed": "#c92a2a",
+    "abandoned": "#e67700",
+    "rolled back": "#868e96",
+    "in flight": "#1c7ed6",
+}
+GANTT_TYPES = STATS_TYPES | {
+    t.__name__ for t in (GenerationFailed, ReplayConsumed, GroupReserved, GroupFinalized)
+}
+
+
+@dataclass
+class _Bar:
+    group: str
+    start: int
+    end: int | None = None
+    """When the worker finished or failed; else when the ledger decided (a killed worker)."""
+    decided_at: int | None = None
+    verdict: str | None = None
+    rolled_back_verdict: bool = False
+
+
+@dataclass
+class RunPicture:
+    """What the plots need, gathered in one pass."""
+
+    first_ns: int = 0
+    last_ns: int = 0
+    records: int = 0
+    rate: list[int] = field(default_factory=lambda: [0] * RATE_BINS)
+    groups: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    """Gantt rows: group -> (reserved at, left the ledger at)."""
+    bars: dict[str, _Bar] = field(default_factory=dict)
+    restores: list[int] = field(default_factory=list)
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)
+    """(recorded_at, step) of the effective checkpoints."""
+    stats: AuditReport | None = None
+
+
+def gather(log: EventLog, run: RunLog) -> RunPicture:
+    pic = RunPicture()
+    head = log.head()
+    if head == 0:
+        raise CliUsageError("the log is empty: nothing to plot")
+    ends = [r.recorded_at for r in log.read_records(1, 1)] + [
+        r.recorded_at for r in log.read_records(head, head)
+    ]
+    pic.first_ns, pic.last_ns = ends[0], ends[-1]
+    span = max(pic.last_ns - pic.first_ns, 1)
+    checkpoint_seqs = {seq: ev.step for seq, ev in run.checkpoints}
+    restore_seqs = {r.seq for r, _ in run.restores}
+    state = AuditState(
+        skipped=run.skipped, checkpoints_at=[(seq, ev.step) for seq, ev in run.checkpoints]
+    )
+    with seq_progress("report", 1, head) as advance:
+        for record in log.read_records():
+            advance(record.seq)
+            pic.records += 1
+            at = min((record.recorded_at - pic.first_ns) * RATE_BINS // span, RATE_BINS - 1)
+            pic.rate[max(at, 0)] += 1
+            if record.seq in checkpoint_seqs:
+                pic.checkpoints.append((record.recorded_at, checkpoint_seqs[record.seq]))
+            if record.seq in restore_seqs:
+                pic.restores.append(record.recorded_at)
+            if record.type not in GANTT_TYPES:
+                continue
+            rec = decoded(record)
+            if rec is None:
+                continue
+            if record.type in STATS_TYPES:
+                fold_audit(state, rec)
+            _gantt(pic, rec.event, record.recorded_at, record.seq not in run.skipped)
+    pic.stats = report(state)
+    return pic
+
+
+def _gantt(pic: RunPicture, ev: object, at: int, effective: bool) -> None:
+    def decide(rid: str, verdict: str) -> None:
+        bar = pic.bars.get(rid)
+        if bar is None:
+            return
+        if bar.decided_at is None:
+            bar.decided_at = at
+        if effective:
+            bar.verdict = verdict
+        elif bar.verdict is None:
+            bar.rolled_back_verdict = True
+
+    if isinstance(ev, GroupReserved):
+        if ev.group_id not in pic.groups and len(pic.groups) < GANTT_GROUPS:
+            pic.groups[ev.group_id] = (at, None)
+    elif isinstance(ev, GenerationStarted):
+        if ev.group_id in pic.groups:
+            pic.bars[ev.rollout_id] = _Bar(group=ev.group_id, start=at)
+    elif isinstance(ev, GenerationFinished | GenerationFailed):
+        bar = pic.bars.get(ev.rollout_id)
+        if bar is not None:
+            bar.end = at
+    elif isinstance(ev, SiblingSealed):
+        decide(ev.rollout_id, "counts")
+    elif isinstance(ev, GroupSealed):
+        for result in ev.results:
+            decide(result.rollout_id, "counts")
+    elif isinstance(ev, AttemptFailed):
+        decide(ev.rollout_id, "failed")
+    elif isinstance(ev, UnsealedAbandoned | GroupAbandoned):
+        for ref in ev.attempts:
+            decide(ref.rollout_id, "abandoned")
+    elif isinstance(ev, GroupFinalized | GroupDiscarded) and effective:
+        found = pic.groups.get(ev.group_id)
+        if found is not None:
+            pic.groups[ev.group_id] = (found[0], at)
+
+
+# -- drawing ----------------------------------------------------------------------------------
+
+
+def _figure(height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, height), layout="constrained")
+    return fig
+
+
+def _svg(fig: Figure) -> str:
+    out = io.StringIO()
+    fig.savefig(out, format="svg")
+    text = out.getvalue()
+    return text[text.index("<svg") :]  # drop the XML prologue: inline in HTML
+
+
+def _seconds(pic: RunPicture, ns: int) -> float:
+    return (ns - pic.first_ns) / 1e9
+
+
+def _mark_time_axis(ax: Axes, pic: RunPicture) -> None:
+    for at in pic.restores:
+        ax.axvline(_seconds(pic, at), color="#c92a2a", linewidth=1.5, linestyle="--")
+    for at, _step in pic.checkpoints:
+        ax.axvline(_seconds(pic, at), color="#495057", linewidth=0.6, linestyle=":")
+    if pic.restores:
+        ax.plot([], [], color="#c92a2a", linestyle="--", label="restore")
+    if pic.checkpoints:
+        ax.plot([], [], color="#495057", linestyle=":", label="checkpoint")
+
+
+def plot_gantt(pic: RunPicture) -> Figure:
+    rows = list(pic.groups)
+    fig = _figure(max(2.5, 0.28 * len(rows) + 1.2))
+    ax = fig.add_subplot()
+    index = {g: i for i, g in enumerate(rows)}
+    for gid, (start, end) in pic.groups.items():
+        stop = end if end is not None else pic.last_ns
+        ax.plot(
+            [_seconds(pic, start), _seconds(pic, stop)],
+            [index[gid]] * 2,
+            color="#ced4da",
+            linewidth=1,
+            zorder=1,
+        )
+    per_row: dict[str, int] = {}
+    for bar in pic.bars.values():
+        verdict = bar.verdict or ("rolled back" if bar.rolled_back_verdict else "in flight")
+        lane = per_row.get(bar.group, 0)
+        per_row[bar.group] = lane + 1
+        y = index[bar.group] - 0.35 + 0.7 * ((lane % 4) / 4)
+        end = bar.end or (bar.decided_at if verdict != "in flight" else None) or pic.last_ns
+        ax.broken_barh(
+            [(_seconds(pic, bar.start), max(_seconds(pic, end) - _seconds(pic, bar.start), 0.01))],
+            (y, 0.16),
+            facecolors=COLORS[verdict],
+            zorder=2,
+        )
+    for verdict, color in COLORS.items():
+        ax.plot([], [], color=color, linewidth=6, label=verdict)
+    _mark_time_axis(ax, pic)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first record")
+    ax.set_title("Group lifecycles: attempts per group (bar = worker run, color = verdict)")
+    ax.legend(loc="upper right", fontsize=7, ncols=4)
+    return fig
+
+
+def plot_steps(pic: RunPicture) -> Figure:
+    assert pic.stats is not None
+    steps = pic.stats.by_step
+    fig = _figure(3.2)
+    left, right = fig.subplots(1, 2)
+    xs = [s.step for s in steps]
+    width = 0.38
+    left.bar([x - width / 2 for x in xs], [s.retries for s in steps], width, label="retries")
+    left.bar(
+        [x + width / 2 for x in xs],
+        [s.failed for s in steps],
+        width,
+        label="failed",
+        color=COLORS["failed"],
+    )
+    left.set_title("Retries and failures per step")
+    trained = [s.tokens_trained for s in steps]
+    thrown = [s.tokens_thrown_away for s in steps]
+    right.bar(xs, trained, label="trained", color=COLORS["counts"])
+    right.bar(xs, thrown, bottom=trained, label="thrown away", color=COLORS["rolled back"])
+    right.set_title("Tokens per step: trained vs thrown away")
+    for ax in (left, right):
+        ax.set_xlabel("step")
+        ax.set_xticks(xs)
+        for s in steps:
+            if s.restores:
+                ax.axvline(s.step, color="#c92a2a", linestyle="--", linewidth=1.5)
+        if any(s.restores for s in steps):
+            ax.plot([], [], color="#c92a2a", linestyle="--", label="step with a restore")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_staleness(pic: RunPicture) -> Figure:
+    assert pic.stats is not None
+    fig = _figure(3.0)
+    ax = fig.add_subplot()
+    lags = sorted({lag for s in pic.stats.by_step for lag in s.staleness})
+    bottom = [0] * len(lags)
+    for s in pic.stats.by_step:
+        heights = [s.staleness.get(lag, 0) for lag in lags]
+        if any(heights):
+            ax.bar(lags, heights, bottom=bottom, label=f"step {s.step}")
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_xlabel("staleness (trained step - weight version)")
+    ax.set_ylabel("siblings trained")
+    ax.set_xticks(lags)
+    ax.set_title("Staleness of trained siblings")
+    if lags:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_rate(pic: RunPicture) -> Figure:
+    fig = _figure(3.0)
+    ax = fig.add_subplot()
+    span = max(pic.last_ns - pic.first_ns, 1) / 1e9
+    width = span / RATE_BINS
+    ax.plot(
+        [(i + 0.5) * width for i in range(RATE_BINS)],
+        [n / width for n in pic.rate],
+        color="#1c7ed6",
+        label="records/s",
+    )
+    _mark_time_axis(ax, pic)
+    ax.set_xlabel("seconds since the first record")
+    ax.set_ylabel("records per second")
+    ax.set_title("Append rate")
+    ax.legend(fontsize=7)
+    return fig
+
+
+PLOTS = (
+    ("lifecycles", plot_gantt),
+    ("steps", plot_steps),
+    ("staleness", plot_staleness),
+    ("append-rate", plot_rate),
+)
+
+_CHECK = """
+<script>
+// Self-check for people and for the test: every plot drew (an SVG with a visible box and
+// drawn paths), and no script error happened.
+window.__errors = [];
+window.addEventListener("error", (e) => window.__errors.push(String(e.message)));
+window.addEventListener("load", () => {
+  const plots = [...document.querySelectorAll("figure.plot")];
+  const drawn = plots.filter((f) => {
+    const svg = f.querySelector("svg");
+    if (!svg) return false;
+    const box = svg.getBoundingClientRect();
+    return box.width > 0 && box.height > 0 && svg.querySelectorAll("path").length > 0;
+  });
+  document.body.dataset.plots = String(plots.length);
+  document.body.dataset.drawn = String(drawn.length);
+  document.body.dataset.errors = String(window.__errors.length);
+});
+</script>
+"""
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #212529; }
+h1 { font-size: 1.4em; } figure { margin: 1.5em 0; } figure svg { width: 100%; height: auto; }
+table { border-collapse: collapse; } td { padding: 0.15em 1em 0.15em 0; }
+"""
+
+
+def render(target: str, pic: RunPicture) -> str:
+    assert pic.stats is not None
+    import matplotlib
+
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, searchable
+    total = pic.stats.total
+    facts = [
+        ("log", shown_target(target)),
+        ("records", f"{pic.records:,} ({pic.stats.rolled_back_records:,} rolled back)"),
+        ("from", format_ns(pic.first_ns)),
+        ("to", format_ns(pic.last_ns)),
+        ("groups", f"{total.groups:,} reserved, {total.finalized:,} finalized"),
+        (
+            "attempts",
+            f"{total.started:,} started, {total.failed:,} failed, {total.retries:,} retries",
+        ),
+        ("restores", f"{pic.stats.restores}"),
+        ("tokens", f"{total.tokens_staged:,} staged, {total.tokens_discarded:,} discarded"),
+    ]
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts)
+    figures = []
+    for name, plot in PLOTS:
+        figures.append(f'<figure class="plot" data-plot="{name}">{_svg(plot(pic))}</figure>')
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>eventlog report: {html.escape(shown_target(target))}</title>"
+        f"<style>{_STYLE}</style>{_CHECK}</head><body>"
+        f"<h1>Run report</h1><table>{rows}</table>"
+        f"{''.join(figures)}</body></html>"
+    )
+
+
+@click.command()
+@click.argument("target")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The HTML file to write.",
+)
+def report_command(target: str, output: Path) -> None:
+    """Write one self-contained HTML page of plots of TARGET's run: group lifecycles (a
+    Gantt of attempts per group), retries and failures per step, tokens trained vs thrown
+    away, staleness, append rate; restores marked on every time axis. Opens offline.
+
+    Needs matplotlib (the `audit` extra).
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliUsageError(
+            "report needs matplotlib, which is not installed",
+            hint="pip install 'eventlog[audit]'",
+        ) from None
+    with open_log(target) as log:
+        pic = gather(log, RunLog(log))
+    if pic.stats is None or not pic.stats.by_agent_task:
+        raise CliUsageError(f"{shown_target(target)}: no rollout-recovery records to plot")
+    page = render(target, pic)
+    output.write_text(page, encoding="utf-8")
+    stdout_console().print(f"wrote {output} ({len(page) / 1024:,.0f} KiB, {len(PLOTS)} plots)")

@@ -1,0 +1,87 @@
+"""`eventlog report`: one self-contained HTML page whose every plot draws in a real browser.
+
+The page is opened by headless Chromium (Debian's `chromium`, started here), offline (every
+host name resolves to nothing); the page's own check counts the plots whose SVG has a
+visible box and drawn paths, and Chromium's log must hold no console message at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli.audited_run import AuditedRun
+from tests.cli.helpers import cli
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have chromium (.ci/run installs Debian's package)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return CHROMIUM
+
+
+def open_in_chromium(page: Path, tmp_path: Path) -> tuple[str, str]:
+    """The DOM after the page loaded, and Chromium's log (console messages included)."""
+    done = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, done.stderr
+
+
+def test_report_is_self_contained_and_every_plot_draws_in_chromium(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    page = tmp_path / "run.html"
+    result = cli("report", run.path, "-o", str(page))
+    assert result.exit_code == 0, result.stderr
+    text = page.read_text()
+    assert not re.search(r"<(script|link|img|iframe)[^>]*\s(src|href)=", text)
+    assert "url(http" not in text and "@import" not in text
+    figures = re.findall(r'<figure class="plot" data-plot="([a-z-]+)"><svg', text)
+    assert figures == ["lifecycles", "steps", "staleness", "append-rate"]
+    assert text.count("restore") >= 3  # marked on the plots' legends
+
+    dom, log = open_in_chromium(page, tmp_path)
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body is not None, dom[:500]
+    attributes = dict(re.findall(r'data-(\w+)="(\d+)"', body.group(1)))
+    assert attributes == {"plots": "4", "drawn": "4", "errors": "0"}
+    assert ":CONSOLE" not in log, [line for line in log.splitlines() if ":CONSOLE" in line]
+
+
+def test_report_of_a_log_without_recovery_records_is_a_usage_error(
+    tmp_path: Path, log_file: str
+) -> None:
+    from tests.cli.helpers import append_notes
+
+    append_notes(log_file, 2)
+    result = cli("report", log_file, "-o", str(tmp_path / "x.html"))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0].endswith("no rollout-recovery records to plot")
+    assert not (tmp_path / "x.html").exists()
