@@ -24,19 +24,14 @@ def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, st
     shown = shown_target(target)
     store = open_store(target)
     try:
-        with translating(shown):
-            before = migrate.current_revision(store.engine)
-            migrate.refuse_foreign_or_newer(store.engine, target=shown, current=before)
-            step = migrate.upgrade if direction == "upgrade" else migrate.downgrade
-            try:
-                step(store.engine, revision)
-            except CommandError as exc:
-                raise LogRevisionError(
-                    f"{shown}: cannot {direction} to {revision!r}: {exc}"
-                ) from exc
-            return before, migrate.current_revision(store.engine)
+        before, after = migrate.move(
+            store.engine, target=shown, revision=revision, up=direction == "upgrade"
+        )
+    except CommandError as exc:
+        raise LogRevisionError(f"{shown}: cannot {direction} to {revision!r}: {exc}") from exc
     finally:
         store.close()
+    return before, after or None
 
 
 @db.command()

@@ -45,9 +45,10 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database up to `revision`."""
+    """Migrate the database up to `revision` (one process at a time: see `_serialized`)."""
     config = _config(engine)
     with engine.begin() as conn:
+        _serialized(conn)
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 
@@ -56,8 +57,30 @@ def downgrade(engine: Engine, revision: str) -> None:
     """Migrate the database down to `revision` (`base` removes every table)."""
     config = _config(engine)
     with engine.begin() as conn:
+        _serialized(conn)
         config.attributes["connection"] = conn
         command.downgrade(config, revision)
+
+
+def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str | None, str]:
+    """Migrate up or down to `revision` after refusing a foreign or newer database, all under
+    the migration lock, so racing `db upgrade`s see one another's work; (before, after)."""
+    config = _config(engine)
+    with translating(target), engine.begin() as conn:
+        _serialized(conn)
+        before = MigrationContext.configure(conn).get_current_revision()
+        _refuse_foreign_or_newer(conn, engine, target=target, current=before)
+        config.attributes["connection"] = conn
+        (command.upgrade if up else command.downgrade)(config, revision)
+        after = MigrationContext.configure(conn).get_current_revision()
+    return before, after or ""
+
+
+def _serialized(conn: Connection) -> None:
+    """Hold the migration lock for the transaction. SQLite's writer engine already holds the
+    file's write lock (`BEGIN IMMEDIATE`); PostgreSQL takes an advisory lock."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(MIGRATION_LOCK_SQL)
 
 
 def known_revisions(engine: Engine) -> set[str]:
@@ -104,8 +127,7 @@ def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
             return
         if create and current is None:
             with engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    conn.exec_driver_sql(MIGRATION_LOCK_SQL)
+                _serialized(conn)
                 current = MigrationContext.configure(conn).get_current_revision()
                 if current == head:  # another process created it while we waited
                     return
