@@ -369,7 +369,7 @@ def render(target: str, pic: RunPicture) -> str:
     )
 
 
-@click.command()
+@click.command("report")
 @click.argument("target")
 @click.option(
     "-o",
