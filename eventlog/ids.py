@@ -39,26 +39,33 @@ _UNKNOWN = uuid.SafeUUID.unknown
 
 def new_event_id() -> uuid.UUID:
     """A UUIDv7: 48-bit ms timestamp, 12-bit monotonic counter within the ms, 62 random bits."""
+    return new_event_ids(1)[0]
+
+
+def new_event_ids(count: int) -> list[uuid.UUID]:
+    """`count` consecutive UUIDv7s (the writer mints a request's ids under one lock)."""
     global _last_ms, _counter, _random, _offset
+    minted: list[uuid.UUID] = []
     with _lock:
         now = time.time_ns() // 1_000_000
-        if now <= _last_ms:
-            _counter += 1
-            if _counter > 0xFFF:  # counter exhausted: borrow the next millisecond
-                _last_ms += 1
+        for _ in range(count):
+            if now <= _last_ms:
+                _counter += 1
+                if _counter > 0xFFF:  # counter exhausted: borrow the next millisecond
+                    _last_ms += 1
+                    _counter = 0
+                now = _last_ms
+            else:
+                _last_ms = now
                 _counter = 0
-            now = _last_ms
-        else:
-            _last_ms = now
-            _counter = 0
-        counter = _counter
-        if _offset >= len(_random):
-            _random, _offset = os.urandom(_RANDOM_CHUNK), 0
-        rand = int.from_bytes(_random[_offset : _offset + 8], "big") & _RAND_MASK
-        _offset += 8
-    value = (now & _TIME_MASK) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand
-    # What uuid.UUID(int=value) stores, without re-checking a value built in range above.
-    event_id: uuid.UUID = _new(_UUID)
-    _set(event_id, "int", value)
-    _set(event_id, "is_safe", _UNKNOWN)
-    return event_id
+            if _offset >= len(_random):
+                _random, _offset = os.urandom(_RANDOM_CHUNK), 0
+            rand = int.from_bytes(_random[_offset : _offset + 8], "big") & _RAND_MASK
+            _offset += 8
+            value = (now & _TIME_MASK) << 80 | 0x7 << 76 | _counter << 64 | 0b10 << 62 | rand
+            # What uuid.UUID(int=value) stores, without re-checking a value built in range.
+            event_id: uuid.UUID = _new(_UUID)
+            _set(event_id, "int", value)
+            _set(event_id, "is_safe", _UNKNOWN)
+            minted.append(event_id)
+    return minted

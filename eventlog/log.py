@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from eventlog import codec
 from eventlog.errors import InvalidEventError, LogClosedError
 from eventlog.events import Event
-from eventlog.ids import new_event_id
 from eventlog.records import (
     ANY,
+    NO_STREAM,
     AppendRequest,
     AppendResult,
     ExpectedVersion,
@@ -27,7 +27,14 @@ from eventlog.records import (
     StreamState,
 )
 from eventlog.store import migrate
-from eventlog.store.base import PreparedEvent, PreparedRequest, SqlStore, Submission
+from eventlog.store.base import (
+    EXPECT_ANY,
+    EXPECT_NO_STREAM,
+    PreparedEvent,
+    PreparedRequest,
+    SqlStore,
+    Submission,
+)
 from eventlog.verify import VerifyReport, verify_records
 from eventlog.writer import GroupCommitWriter
 
@@ -157,36 +164,40 @@ class EventLog:
         if self._closed:
             raise LogClosedError("the log is closed")
         prepared: Submission = []
+        encode = codec.encode
         for request in requests:
             _check_stream(request.stream)
-            if not isinstance(request.expected_version, StreamState) and (
-                not isinstance(request.expected_version, int) or request.expected_version < 0
-            ):
+            expected = request.expected_version
+            if isinstance(expected, StreamState):
+                code = EXPECT_NO_STREAM if expected is NO_STREAM else EXPECT_ANY
+            elif isinstance(expected, int) and expected >= 0:
+                code = int(expected)
+            else:
                 raise InvalidEventError(
                     f"stream {request.stream!r}: expected_version must be NO_STREAM, ANY or a "
-                    f"version >= 0, found {request.expected_version!r}"
+                    f"version >= 0, found {expected!r}"
                 )
-            items = []
+            items: list[PreparedEvent] = []
+            chosen = False
             for index, item in enumerate(request.events):
                 if isinstance(item, Proposed):
-                    event, event_id, supplied = item.event, item.event_id, True
+                    event, event_id = item.event, item.event_id
+                    chosen = True
                 else:
-                    event, event_id, supplied = item, new_event_id(), False
+                    event, event_id = item, None
                 if not isinstance(event, Event):
                     raise InvalidEventError(
                         f"stream {request.stream!r}: item {index} is a "
                         f"{type(event).__name__}, not an Event"
                     )
                 try:
-                    type_name, schema, payload = codec.encode(event)
+                    type_name, schema, payload = encode(event)
                 except InvalidEventError as exc:
                     raise InvalidEventError(
                         f"stream {request.stream!r}: item {index}: {exc}"
                     ) from exc
-                items.append(
-                    PreparedEvent(event_id.bytes, type_name, schema, payload, supplied, event_id)
-                )
-            prepared.append(PreparedRequest(request.stream, request.expected_version, items))
+                items.append(PreparedEvent(type_name, schema, payload, event_id))
+            prepared.append(PreparedRequest(request.stream, code, tuple(items), chosen))
         return prepared
 
     # -- reading ---------------------------------------------------------------------------

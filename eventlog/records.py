@@ -43,8 +43,12 @@ class AppendRequest(msgspec.Struct, frozen=True):
     expected_version: ExpectedVersion = ANY
 
 
-class AppendResult(msgspec.Struct, frozen=True):
-    """Where an append landed: one seq, version and event id per event, in order."""
+class AppendResult(msgspec.Struct, frozen=True, gc=False):
+    """Where an append landed: one seq, version and event id per event, in order.
+
+    Untracked by the garbage collector (it holds only lists of plain values, so it can be
+    in no cycle): a batch makes one per request, and tracked ones were rescanned for nothing.
+    """
 
     stream: str
     seqs: list[int]

@@ -7,13 +7,14 @@ when the rows become visible; subscribers still re-read, a notification is only 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import sqlalchemy as sa
 from sqlalchemy import Engine, event
@@ -90,9 +91,23 @@ class PostgresDialect:
         self._engines.append(engine)
         return engine
 
+    def writer_connection(self, dbapi: Any) -> None:
+        """Autocommit, so that the writer sends BEGIN itself: psycopg's implicit BEGIN
+        waits for its reply, a round trip of its own before the pipeline."""
+        dbapi.autocommit = True
+
     def begin_write(self, cursor: Any) -> None:
-        """The first statement opens the transaction; the lock is released by its end."""
+        """The lock is transaction-scoped: released by the transaction's end."""
+        cursor.execute("BEGIN")
         cursor.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
+
+    def commit_write(self, cursor: Any) -> None:
+        cursor.execute("COMMIT")
+
+    def pipeline(self, dbapi: Any) -> contextlib.AbstractContextManager[Any]:
+        """psycopg's pipeline mode: statements are sent at once, results read at the first
+        fetch; the server still runs them in order, each seeing what committed before it."""
+        return cast(contextlib.AbstractContextManager[Any], dbapi.pipeline())
 
     def after_write(self, cursor: Any, last_seq: int) -> None:
         cursor.execute(f"SELECT pg_notify('{CHANNEL}', '{int(last_seq)}')")

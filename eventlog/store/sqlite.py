@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -117,9 +118,19 @@ class SqliteDialect:
 
         self._engines.append(engine)
 
+    def writer_connection(self, dbapi: Any) -> None:
+        """Already in autocommit mode (isolation_level None): BEGIN and COMMIT are ours."""
+
     def begin_write(self, cursor: Any) -> None:
         """IMMEDIATE takes the file's write lock at BEGIN, whatever other processes do."""
         cursor.execute("BEGIN IMMEDIATE")
+
+    def commit_write(self, cursor: Any) -> None:
+        cursor.execute("COMMIT")
+
+    def pipeline(self, dbapi: Any) -> contextlib.AbstractContextManager[Any]:
+        """In-process: a statement's reply costs no round trip."""
+        return contextlib.nullcontext()
 
     def after_write(self, cursor: Any, last_seq: int) -> None:
         """Readers poll; nothing to announce."""
