@@ -436,3 +436,30 @@ def test_a_fenced_ledger_restores_from_the_log_and_commands_again(harness: Harne
         )
     finally:
         other_log.close()
+
+
+def test_restore_and_checkpoint_compute_their_events_without_appending(harness: Harness) -> None:
+    """Narrow functions: they return what to append; only the ledger's commit path writes."""
+    from eventlog.recovery.checkpoint import checkpoint_event
+    from eventlog.recovery.restore import prepare_restore
+
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.checkpoint(1)
+    h.seal("g1", 0)
+    head = h.log.head()
+    prepared = prepare_restore(h.log, h.data_plane, h.ledger.staging_partition, h.dataset, None)
+    assert h.log.head() == head
+    stream, _, (start,) = prepared.start
+    assert (stream, type(start).__name__) == ("controller", "RestoreStarted")
+    assert [(s, type(e).__name__) for s, _, evs in prepared.group_events for e in evs] == [
+        ("group/g1", "UnsealedAbandoned"),
+        ("group/g1", "RetryPrepared"),
+    ]
+    directory = str(h.path.parent / "unappended")
+    event = checkpoint_event(
+        prepared.state, h.data_plane, h.ledger.staging_partition, h.log, step=1, directory=directory
+    )
+    assert h.log.head() == head
+    assert event.ledger_digest == state_digest(prepared.state)
