@@ -243,6 +243,16 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
         msgspec.structs.replace(FINALIZED[-1], canonical_row_ids=["g_g7"]),
         "canonical rows must be",
     ),
+    "finalized as another prompt": (
+        FINALIZING,
+        msgspec.structs.replace(FINALIZED[-1], prompt_id="other"),
+        "finalized as prompt 'other'",
+    ),
+    "finalized for another step": (
+        FINALIZING,
+        msgspec.structs.replace(FINALIZED[-1], target_step=5),
+        "for step 5, but the group is",
+    ),
     "finalized twice": (FINALIZED, FINALIZED[-1], "replay buffer owns it"),
     "discard with other keys": (
         READY,

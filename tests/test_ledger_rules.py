@@ -67,6 +67,52 @@ def test_identical_repeated_seal_is_a_noop_and_a_different_one_conflicts(harness
     assert h.log.head() == head
 
 
+@pytest.mark.parametrize("changed", ["receipt", "mask_sample"])
+def test_a_repeated_seal_that_differs_only_in_receipt_or_mask_sample_conflicts(
+    harness: Harness, changed: str
+) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.reserve("g2", n=1, granularity="prompt_group")
+    h.dispatch("g1")
+    h.dispatch("g2")
+    receipts = {gid: h.stage(f"{gid}_g0", calls=2) for gid in ("g1", "g2")}
+
+    def result(gid: str, repeat: bool) -> SiblingResult:
+        receipt = receipts[gid]
+        if repeat and changed == "receipt":
+            receipt = Receipt(rollout_id=receipt.rollout_id, staging_keys=receipt.staging_keys[:1])
+        return SiblingResult(
+            generation_index=0,
+            rollout_id=f"{gid}_g0",
+            receipt=receipt,
+            reward=1.0,
+            mask_sample=repeat and changed == "mask_sample",
+        )
+
+    def seal(gid: str, r: SiblingResult) -> bool:
+        if gid == "g2":
+            return h.run(lambda cut: h.ledger.seal_group(cut, gid, [r]))
+        return h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut,
+                gid,
+                0,
+                rollout_id=r.rollout_id,
+                receipt=r.receipt,
+                reward=r.reward,
+                mask_sample=r.mask_sample,
+            )
+        )
+
+    for gid in ("g1", "g2"):
+        assert seal(gid, result(gid, repeat=False)) is True
+        head = h.log.head()
+        with pytest.raises(LedgerRuleError, match="conflicting duplicate seal"):
+            seal(gid, result(gid, repeat=True))
+        assert h.log.head() == head
+
+
 def test_stale_attempt_seal_is_rejected_and_appends_nothing(harness: Harness) -> None:
     h = harness
     h.reserve("g1", n=1)

@@ -463,3 +463,32 @@ def test_restore_and_checkpoint_compute_their_events_without_appending(harness: 
     )
     assert h.log.head() == head
     assert event.ledger_digest == state_digest(prepared.state)
+
+
+def test_restore_refuses_a_checkpoint_whose_ledger_digest_the_log_does_not_fold_to(
+    harness: Harness,
+) -> None:
+    """The cross-check between the log and the checkpoint: a mismatch is real divergence."""
+    import msgspec
+
+    from eventlog.records import ANY
+    from eventlog.recovery.errors import ReconciliationError
+    from eventlog.recovery.vocabulary import CheckpointCommitted
+
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    (good,) = [
+        r.event for r in h.records(CONTROLLER_STREAM) if isinstance(r.event, CheckpointCommitted)
+    ]
+    # A checkpoint that claims a state the log never folded to (written around the ledger).
+    forged = msgspec.structs.replace(good, step=2, ledger_digest="0" * 64)
+    h.log.append(CONTROLLER_STREAM, [forged], ANY)
+    h.fresh_process()
+    head = h.log.head()
+    with pytest.raises(ReconciliationError, match="ledger digest"):
+        _restore(h, step=2)
+    assert h.log.head() == head
+    assert _restore(h, step=1).checkpoint_step == 1
