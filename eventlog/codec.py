@@ -70,7 +70,17 @@ def _decoder_for(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:
 
 def decode(type_name: str, schema: int, payload: bytes, *, seq: int | None = None) -> Event:
     """The event stored in a record; raises SchemaError naming seq and type when it can't."""
-    where = f"seq {seq}" if seq is not None else "record"
+    current = _current.get(type_name)
+    if current is not None and current[0] == schema:
+        try:
+            return current[1].decode(payload)  # type: ignore[no-any-return]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise SchemaError(
+                f"{_where(seq)}: {type_name} v{schema} payload does not decode: {exc}",
+                seq=seq,
+                type_name=type_name,
+            ) from exc
+    where = _where(seq)
     cls = event_types().get(type_name)
     if cls is None:
         raise UnknownEventTypeError(
@@ -80,7 +90,8 @@ def decode(type_name: str, schema: int, payload: bytes, *, seq: int | None = Non
         )
     try:
         if schema == cls.schema:
-            return _decoder_for(cls).decode(payload)  # type: ignore[no-any-return]
+            decoder = _current[type_name] = (schema, _decoder_for(cls))
+            return decoder[1].decode(payload)  # type: ignore[no-any-return]
         if schema > cls.schema:
             raise FutureSchemaError(
                 f"{where}: {type_name} has schema v{schema}, this program reads up to "
@@ -107,6 +118,15 @@ def decode(type_name: str, schema: int, payload: bytes, *, seq: int | None = Non
             seq=seq,
             type_name=type_name,
         ) from exc
+
+
+_current: dict[str, tuple[int, msgspec.msgpack.Decoder[Any]]] = {}
+"""Per type name seen in a record: its current schema and decoder (a registered type's
+class never changes), so a record of the current schema skips the registry lookup."""
+
+
+def _where(seq: int | None) -> str:
+    return f"seq {seq}" if seq is not None else "record"
 
 
 def to_builtins(event: Event) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from eventlog import codec
 from eventlog.errors import InvalidEventError, LogClosedError
 from eventlog.events import Event
+from eventlog.ids import uuid_from_bytes
 from eventlog.records import (
     ANY,
     NO_STREAM,
@@ -32,6 +33,7 @@ from eventlog.store.base import (
     EXPECT_NO_STREAM,
     PreparedEvent,
     PreparedRequest,
+    RecordRow,
     SqlStore,
     Submission,
 )
@@ -226,11 +228,10 @@ class EventLog:
         one application sharing the log); `page_size` bounds each fetch (a reader that wants
         ten records should not fetch a thousand).
         """
-        records = self._store.read(
+        rows = self._store.read_rows(
             from_seq, until_seq, streams, types, page_size, stream_prefix=stream_prefix
         )
-        for record in records:
-            yield decode_record(record)
+        return map(_decode_row, rows)
 
     def last_seq(
         self, types: Sequence[str] | None = None, *, stream_prefix: str | None = None
@@ -250,8 +251,7 @@ class EventLog:
 
     def read_stream(self, stream: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         """One stream's decoded records in version order."""
-        for record in self._store.read_stream(stream, from_version):
-            yield decode_record(record)
+        return map(_decode_row, self._store.read_stream_rows(stream, from_version))
 
     def read_stream_backwards(
         self, stream: str, before_version: int | None = None, *, page_size: int = 100
@@ -261,8 +261,8 @@ class EventLog:
         The cheap way to a stream's last records: `page_size` bounds each fetch (one for the
         last record alone).
         """
-        for record in self._store.read_stream_backwards(stream, before_version, page_size):
-            yield decode_record(record)
+        rows = self._store.read_stream_backwards_rows(stream, before_version, page_size)
+        return map(_decode_row, rows)
 
     async def subscribe(
         self,
@@ -385,6 +385,22 @@ def decode_record(record: Record) -> RecordedEvent:
         recorded_at=record.recorded_at,
         chain=record.chain,
         event=codec.decode(record.type, record.schema, record.payload, seq=record.seq),
+    )
+
+
+def _decode_row(row: RecordRow) -> RecordedEvent:
+    """A checked row straight into a decoded record (no intermediate Record)."""
+    seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
+    return RecordedEvent(
+        seq,
+        stream,
+        version,
+        uuid_from_bytes(event_id),
+        type_name,
+        schema,
+        recorded_at,
+        link,
+        codec.decode(type_name, schema, payload, seq=seq),
     )
 
 

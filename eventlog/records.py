@@ -60,8 +60,12 @@ class AppendResult(msgspec.Struct, frozen=True, gc=False):
         return self.seqs[-1] if self.seqs else 0
 
 
-class Record(msgspec.Struct, frozen=True):
-    """One stored event with its envelope, exactly as the log holds it."""
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """One stored event with its envelope, exactly as the log holds it.
+
+    Records and recorded events hold values only (no cycles), so the garbage collector
+    does not track them: a read makes one per record.
+    """
 
     seq: int
     stream: str
@@ -74,7 +78,7 @@ class Record(msgspec.Struct, frozen=True):
     chain: bytes
 
 
-class RecordedEvent(msgspec.Struct, frozen=True):
+class RecordedEvent(msgspec.Struct, frozen=True, gc=False):
     """A record together with its decoded event."""
 
     seq: int

@@ -31,10 +31,10 @@ from eventlog.errors import (
     StorageDamagedError,
     StorageUnavailableError,
 )
-from eventlog.ids import new_event_ids
+from eventlog.ids import new_event_ids, uuid_from_bytes
 from eventlog.records import AppendResult, Record
 from eventlog.store.errors import translate, translating
-from eventlog.store.tables import RECORD_COLUMNS, events, log_meta, snapshots
+from eventlog.store.tables import events, log_meta, snapshots
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,31 @@ _BY_ID_SQL = (
     "SELECT event_id, stream, seq, version, type, schema, payload FROM events"
     " WHERE event_id IN ({})"
 )
-# One stream read from its end (a stream's last records), prebuilt: building it per call
-# cost five times what the indexed read itself costs.
+# The read statements, as templates for `SqlStore._sql` ({m}: the driver's marker, {}: an
+# IN list). Both dialects accept them as they are.
 _NO_VERSION_LIMIT = 2**62
-_STREAM_BACKWARDS = (
-    sa.select(*RECORD_COLUMNS)
-    .where(events.c.stream == sa.bindparam("stream"))
-    .where(events.c.version < sa.bindparam("upper"))
-    .order_by(events.c.version.desc())
-    .limit(sa.bindparam("size"))
+_SELECT_RECORDS = (
+    "SELECT seq, stream, version, event_id, type, schema, recorded_at, payload, chain FROM events"
 )
+_SEQ_FROM = "seq >= {m}"
+_SEQ_UNTIL = "seq <= {m}"
+_STREAM_IN = "stream IN ({})"
+_TYPE_IN = "type IN ({})"
+_BY_SEQ = " ORDER BY seq LIMIT {m}"
+_STREAM_FORWARDS = (
+    _SELECT_RECORDS + " WHERE stream = {m} AND version >= {m} ORDER BY version LIMIT {m}"
+)
+_STREAM_BACKWARDS_SQL = (
+    _SELECT_RECORDS + " WHERE stream = {m} AND version < {m} ORDER BY version DESC LIMIT {m}"
+)
+
+
+def _prefix_clause(prefix: str) -> str:
+    """`stream` begins with `prefix`, compared exactly (LIKE is case-blind on SQLite); the
+    length is part of the statement so that no driver has to guess a parameter's type."""
+    return f"substr(stream, 1, {len(prefix)}) = {{m}}"
+
+
 _VERSIONS = (
     sa.select(events.c.stream, sa.func.max(events.c.version))
     .where(events.c.stream.in_(sa.bindparam("streams", expanding=True)))
@@ -178,6 +193,7 @@ class SqlStore:
         self._known_head = -1
         self._known_versions: dict[str, int | None] = {}
         self._writer_conn: Connection | None = None
+        self._statements: dict[tuple[str, tuple[int, ...]], str] = {}
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -423,11 +439,21 @@ class SqlStore:
         with translating(self.target), self._read_engine.connect() as conn:
             yield conn
 
-    def _fetch(self, query: sa.Select[Any], from_seq: int) -> list[Record]:
-        """One page of records; a value the driver cannot even read is named by its seq."""
+    def _fetch(self, sql: str, params: Sequence[Any], from_seq: int) -> list[RecordRow]:
+        """One page of checked record rows; a value the driver cannot even read is named by
+        its seq. The page is read on the driver's own cursor: SQLAlchemy's Row objects and
+        statement compilation cost more per record than the read itself."""
         try:
             with self._read_engine.connect() as conn:
-                return [_record(row) for row in conn.execute(query)]
+                dbapi = conn.connection.dbapi_connection
+                assert dbapi is not None
+                cursor = dbapi.cursor()
+                try:
+                    cursor.execute(sql, params)
+                    rows = cursor.fetchall()
+                finally:
+                    cursor.close()
+            return [_checked(row) for row in rows]
         except EventLogError:
             raise
         except Exception as exc:
@@ -447,6 +473,18 @@ class SqlStore:
             if typed is None:
                 raise
             raise typed from exc
+
+    def _sql(self, template: str, *lists: int) -> str:
+        """`template` with `{m}` as the driver's marker and each `{n}` an IN list of that
+        many markers; built once per shape (building a Core statement per call cost more
+        than an indexed read)."""
+        key = (template, lists)
+        sql = self._statements.get(key)
+        if sql is None:
+            marker = self.dialect.placeholder
+            sql = template.format(*[", ".join([marker] * n) for n in lists], m=marker)
+            self._statements[key] = sql
+        return sql
 
     def head(self) -> int:
         with self._reading() as conn:
@@ -478,25 +516,51 @@ class SqlStore:
         stream_prefix: str | None = None,
     ) -> Iterator[Record]:
         """Records in seq order, fetched a page at a time so memory stays bounded."""
+        rows = self.read_rows(from_seq, until_seq, streams, types, page_size, stream_prefix)
+        return map(_to_record, rows)
+
+    def read_rows(
+        self,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        streams: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        page_size: int = 1000,
+        stream_prefix: str | None = None,
+    ) -> Iterator[RecordRow]:
+        """`read` as checked rows (the columns in table order), for callers that build
+        their own objects from them (`EventLog.read` decodes straight into its records)."""
         _check_seq("from_seq", from_seq)
         _check_seq("until_seq", until_seq)
+        if (streams is not None and not streams) or (types is not None and not types):
+            return
+        where = [_SEQ_FROM]
+        head: list[Any] = []
+        tail: list[Any] = []
+        lists: list[int] = []
+        if until_seq is not None:
+            where.append(_SEQ_UNTIL)
+            head.append(until_seq)
+        if streams is not None:
+            where.append(_STREAM_IN)
+            head.extend(streams)
+            lists.append(len(streams))
+        if types is not None:
+            where.append(_TYPE_IN)
+            head.extend(types)
+            lists.append(len(types))
+        if stream_prefix is not None:
+            where.append(_prefix_clause(stream_prefix))
+            head.append(stream_prefix)
+        tail.append(page_size)
+        sql = self._sql(_SELECT_RECORDS + " WHERE " + " AND ".join(where) + _BY_SEQ, *lists)
         next_seq = max(from_seq, 1)
         while True:
-            query = sa.select(*RECORD_COLUMNS).where(events.c.seq >= next_seq)
-            if until_seq is not None:
-                query = query.where(events.c.seq <= until_seq)
-            if streams is not None:
-                query = query.where(events.c.stream.in_(list(streams)))
-            if types is not None:
-                query = query.where(events.c.type.in_(list(types)))
-            if stream_prefix is not None:
-                query = query.where(_starts_with(stream_prefix))
-            query = query.order_by(events.c.seq).limit(page_size)
-            page = self._fetch(query, next_seq)
+            page = self._fetch(sql, [next_seq, *head, *tail], next_seq)
             yield from page
             if len(page) < page_size:
                 return
-            next_seq = page[-1].seq + 1
+            next_seq = page[-1][0] + 1
 
     def last_seq(self, types: Sequence[str] | None = None, stream_prefix: str | None = None) -> int:
         """The newest seq among the records that match (0 when none does).
@@ -504,46 +568,68 @@ class SqlStore:
         Walks the seq index backwards and stops at the first match: cheap when matching
         records are recent, as an application's own records are in a log it writes to.
         """
-        query = sa.select(events.c.seq).order_by(events.c.seq.desc()).limit(1)
+        if types is not None and not types:
+            return 0
+        where: list[str] = []
+        params: list[Any] = []
+        lists: list[int] = []
         if types is not None:
-            query = query.where(events.c.type.in_(list(types)))
+            where.append(_TYPE_IN)
+            params.extend(types)
+            lists.append(len(types))
         if stream_prefix is not None:
-            query = query.where(_starts_with(stream_prefix))
-        with self._read_engine.connect() as conn:
-            found = conn.execute(query).scalar()
-        return int(found or 0)
+            where.append(_prefix_clause(stream_prefix))
+            params.append(stream_prefix)
+        template = "SELECT seq FROM events" + (" WHERE " + " AND ".join(where) if where else "")
+        sql = self._sql(template + " ORDER BY seq DESC LIMIT 1", *lists)
+        with self._reading() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute(sql, params)
+                found = cursor.fetchone()
+            finally:
+                cursor.close()
+        return int(found[0]) if found else 0
 
     def read_stream(
         self, stream: str, from_version: int = 0, page_size: int = 1000
     ) -> Iterator[Record]:
         """One stream's records in version order, through the (stream, version) index."""
+        return map(_to_record, self.read_stream_rows(stream, from_version, page_size))
+
+    def read_stream_rows(
+        self, stream: str, from_version: int = 0, page_size: int = 1000
+    ) -> Iterator[RecordRow]:
+        """`read_stream` as checked rows."""
+        sql = self._sql(_STREAM_FORWARDS)
         next_version = from_version
         while True:
-            query = (
-                sa.select(*RECORD_COLUMNS)
-                .where(events.c.stream == stream, events.c.version >= next_version)
-                .order_by(events.c.version)
-                .limit(page_size)
-            )
-            page = self._fetch(query, 1)
+            page = self._fetch(sql, [stream, next_version, page_size], 1)
             yield from page
             if len(page) < page_size:
                 return
-            next_version = page[-1].version + 1
+            next_version = page[-1][2] + 1
 
     def read_stream_backwards(
         self, stream: str, before_version: int | None = None, page_size: int = 100
     ) -> Iterator[Record]:
         """One stream's records newest first, through the (stream, version) index."""
+        return map(_to_record, self.read_stream_backwards_rows(stream, before_version, page_size))
+
+    def read_stream_backwards_rows(
+        self, stream: str, before_version: int | None = None, page_size: int = 100
+    ) -> Iterator[RecordRow]:
+        """`read_stream_backwards` as checked rows."""
+        sql = self._sql(_STREAM_BACKWARDS_SQL)
         upper = _NO_VERSION_LIMIT if before_version is None else before_version
         while True:
-            params = {"stream": stream, "upper": upper, "size": page_size}
-            with self._read_engine.connect() as conn:
-                page = [_record(row) for row in conn.execute(_STREAM_BACKWARDS, params)]
+            page = self._fetch(sql, [stream, upper, page_size], 1)
             yield from page
             if len(page) < page_size:
                 return
-            upper = page[-1].version
+            upper = page[-1][2]
 
     def duplicate_event_ids(self) -> list[tuple[bytes, int]]:
         """(event id, smallest seq) for ids stored more than once (only a tampered log has any)."""
@@ -660,15 +746,29 @@ _EXPECTED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
 _STORAGE = {str: "TEXT", bytes: "BLOB", memoryview: "BLOB", int: "INTEGER", float: "REAL"}
 
 
-def _starts_with(prefix: str) -> sa.ColumnElement[bool]:
-    """`stream` begins with `prefix`, compared exactly (LIKE is case-blind on SQLite)."""
-    return sa.func.substr(events.c.stream, 1, len(prefix)) == prefix
+RecordRow = tuple[int, str, int, bytes, str, int, int, bytes, bytes]
+"""An events row as read: seq, stream, version, event_id, type, schema, recorded_at, payload,
+chain; checked to hold what eventlog writes."""
 
 
-def _record(row: Sequence[Any]) -> Record:
-    """A row as a Record; a column of the wrong storage type is named with its seq."""
+def _checked(row: Sequence[Any]) -> RecordRow:
+    """The row itself when every column holds what eventlog writes (the common case, one
+    boolean expression per record); memoryviews become bytes; anything else is named."""
     seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
-    # One boolean expression: the check runs per record read, so it stays cheap.
+    if (
+        type(seq) is int
+        and type(stream) is str
+        and type(version) is int
+        and type(type_name) is str
+        and type(schema) is int
+        and type(recorded_at) is int
+        and type(payload) is bytes
+        and type(link) is bytes
+        and type(event_id) is bytes
+        and len(event_id) == 16
+        and type(row) is tuple
+    ):
+        return row
     if not (
         type(seq) is int
         and type(stream) is str
@@ -682,16 +782,31 @@ def _record(row: Sequence[Any]) -> Record:
         and len(event_id) == 16
     ):
         raise _damaged_row(row)
+    return (
+        seq,
+        stream,
+        version,
+        bytes(event_id),
+        type_name,
+        schema,
+        recorded_at,
+        bytes(payload),
+        bytes(link),
+    )
+
+
+def _to_record(row: RecordRow) -> Record:
+    seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
     return Record(
-        seq=seq,
-        stream=stream,
-        version=version,
-        event_id=uuid.UUID(bytes=bytes(event_id)),
-        type=type_name,
-        schema=schema,
-        recorded_at=recorded_at,
-        payload=bytes(payload),
-        chain=bytes(link),
+        seq,
+        stream,
+        version,
+        uuid_from_bytes(event_id),
+        type_name,
+        schema,
+        recorded_at,
+        payload,
+        link,
     )
 
 
