@@ -27,7 +27,7 @@ from eventlog.records import (
     RecordedEvent,
     StreamState,
 )
-from eventlog.store import migrate
+from eventlog.store import migrate, runs
 from eventlog.store.base import (
     EXPECT_ANY,
     EXPECT_NO_STREAM,
@@ -65,8 +65,13 @@ def open_store(
     *,
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     read_only: bool = False,
+    run: str | None = None,
 ) -> SqlStore:
-    """The store for a target, without checking its schema revision."""
+    """The store for a target, without checking its schema revision.
+
+    `run` (or `?run=` in a PostgreSQL URL) selects one run's log among several in one
+    database (eventlog.store.runs); the store then sees that run's records only.
+    """
     if durability not in ("full", "normal"):
         raise InvalidEventError(f"durability must be 'full' or 'normal', found {durability!r}")
     if (
@@ -78,8 +83,11 @@ def open_store(
             f"busy_timeout must be a number of seconds in 0..86400, found {busy_timeout!r}"
         )
     busy_ms = int(busy_timeout * 1000)
-    url = resolve_url(target)
+    url, run = runs.split_run(resolve_url(target), run)
+    schema = runs.schema_for(run)
     shown = url.render_as_string(hide_password=True)
+    if run is not None:
+        shown = url.update_query_dict({runs.RUN_PARAM: run}).render_as_string(hide_password=True)
     backend = url.get_backend_name()
     if backend == "sqlite":
         from eventlog.store.sqlite import SqliteDialect
@@ -88,7 +96,8 @@ def open_store(
     if backend == "postgresql":
         from eventlog.store.postgres import PostgresDialect
 
-        return SqlStore(PostgresDialect(url, durability, busy_ms, read_only=read_only), shown)
+        dialect = PostgresDialect(url, durability, busy_ms, read_only=read_only, schema=schema)
+        return SqlStore(dialect, shown)
     raise InvalidEventError(f"{shown}: unsupported backend {backend!r} (use SQLite or PostgreSQL)")
 
 
@@ -110,14 +119,19 @@ class EventLog:
         create: bool = True,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         read_only: bool = False,
+        run: str | None = None,
     ) -> EventLog:
         """Open a log by file path (SQLite) or SQLAlchemy URL; a new log starts at head.
 
         `busy_timeout` (seconds) bounds how long an append waits for another writer's lock
         (or a connection) before it fails with StorageUnavailableError. `read_only` opens
         the log for audits: nothing is created, migrated or changed, and appends fail.
+        `run` (or `?run=NAME` in the URL) opens one run's log of several sharing a
+        PostgreSQL database; it reads and writes that run's records only.
         """
-        store = open_store(target, durability, busy_timeout=busy_timeout, read_only=read_only)
+        store = open_store(
+            target, durability, busy_timeout=busy_timeout, read_only=read_only, run=run
+        )
         try:
             migrate.ensure_at_head(
                 store.engine, target=store.target, create=create and not read_only

@@ -17,6 +17,7 @@ from eventlog.cli.main import main
 from eventlog.errors import StorageError, StorageIntegrityError
 from eventlog.log import resolve_url
 from eventlog.store.errors import translate
+from tests.cli.helpers import HEAD_REVISION
 from tests.reliability import libpq_url
 from tests.vocabulary import LogNote
 
@@ -96,7 +97,7 @@ def test_an_existing_0002_log_is_upgraded_to_append_only(log_target: str) -> Non
     assert _try(log_target, "UPDATE events SET payload = payload WHERE seq = 2") is None
     upgraded = cli("db", "upgrade", log_target)
     assert upgraded.exit_code == 0, upgraded.output
-    assert upgraded.stdout.strip().endswith("upgraded 0002 -> 0003")
+    assert upgraded.stdout.strip().endswith(f"upgraded 0002 -> {HEAD_REVISION}")
     assert _try(log_target, "DELETE FROM events WHERE seq = 4") is not None
     assert _chains(log_target) == before
     assert cli("verify", log_target).exit_code == 0

@@ -7,7 +7,7 @@ import click
 from alembic.util.exc import CommandError
 
 from eventlog.cli.exits import CliUsageError, ExitCode
-from eventlog.cli.targets import require_existing, require_parent, shown_target
+from eventlog.cli.targets import require_existing, require_parent, run_target, shown_target
 from eventlog.errors import LogRevisionError
 from eventlog.log import open_store
 from eventlog.store import migrate
@@ -22,7 +22,7 @@ def db() -> None:
 def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, str | None]:
     """Move TARGET's schema to `revision`; returns (before, after)."""
     shown = shown_target(target)
-    store = open_store(target)
+    store = open_store(run_target(target))
     try:
         before, after = migrate.move(
             store.engine, target=shown, revision=revision, up=direction == "upgrade"
@@ -65,7 +65,7 @@ def current(ctx: click.Context, target: str, check: bool) -> None:
     """Print TARGET's schema revision and the newest one this eventlog knows."""
     require_existing(target)
     shown = shown_target(target)
-    store = open_store(target, read_only=True)
+    store = open_store(run_target(target), read_only=True)
     try:
         with translating(shown):
             now = migrate.current_revision(store.engine)
@@ -115,7 +115,7 @@ def grant(target: str, writer: str | None, auditor: str | None) -> None:
         raise CliUsageError(f"--writer and --auditor are both {writer!r}: use two roles")
     from eventlog.store.postgres import grant_roles
 
-    store = open_store(target)
+    store = open_store(run_target(target))
     try:
         with translating(shown):
             now = migrate.current_revision(store.engine)

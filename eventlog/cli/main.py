@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, str] = {
     "diff": "eventlog.recovery.cli.diff:diff",
     "export": "eventlog.recovery.cli.export:export",
     "report": "eventlog.recovery.cli.report:report_command",
+    "runs": "eventlog.recovery.cli.runs:runs",
 }
 
 
@@ -141,8 +142,15 @@ def _one_line(text: str) -> str:
     help="Import MODULE to register its event types (repeatable; env EVENTLOG_EVENTS_MODULES, "
     "space-separated).",
 )
+@click.option(
+    "--run",
+    metavar="NAME",
+    envvar="EVENTLOG_RUN",
+    help="The run to use when TARGET's PostgreSQL database holds several (env EVENTLOG_RUN; "
+    "the same as ?run=NAME in the URL). SQLite: one file per run.",
+)
 @click.version_option(package_name="eventlog")
-def main(debug: bool, events_modules: tuple[str, ...]) -> None:
+def main(debug: bool, events_modules: tuple[str, ...], run: str | None) -> None:
     """The durable, auditable memory of an asynchronous RL post-training run.
 
     TARGET is an SQLite file path or a SQLAlchemy URL (postgresql+psycopg://user@host/db).

@@ -5,16 +5,31 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import click
+
 from eventlog.cli.exits import CliUsageError
 from eventlog.log import DEFAULT_BUSY_TIMEOUT, EventLog, open_store, resolve_url
-from eventlog.store import migrate
+from eventlog.store import migrate, runs
+
+
+def selected_run() -> str | None:
+    """The run the command line selected (`--run NAME` or EVENTLOG_RUN), if any."""
+    ctx = click.get_current_context(silent=True)
+    run = None if ctx is None else ctx.find_root().params.get("run")
+    return run if isinstance(run, str) and run else None
+
+
+def run_target(target: str) -> str:
+    """TARGET with the selected run named in it (`?run=NAME`), so every command that opens
+    it sees that run's records only."""
+    return runs.with_run(target, selected_run())
 
 
 def shown_target(target: str) -> str:
     """The target as messages show it: a path as given, a URL without its password."""
     if "://" not in target:
         return target
-    return resolve_url(target).render_as_string(hide_password=True)
+    return resolve_url(run_target(target)).render_as_string(hide_password=True)
 
 
 def require_existing(target: str) -> None:
@@ -57,6 +72,7 @@ def open_log(target: str, *, create: bool = False, write: bool = False) -> Event
     Unless the command creates or appends (`create`, `write`), the log is opened read-only:
     an audit never creates, migrates or changes the file it reads.
     """
+    target = run_target(target)
     if create:
         require_parent(target)
     else:

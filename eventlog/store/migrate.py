@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, inspect
 
 from eventlog.errors import LogRevisionError
 from eventlog.store.errors import translating
-from eventlog.store.postgres import MIGRATION_LOCK_SQL
+from eventlog.store.postgres import migration_lock_sql
 
 
 def migrations_dir() -> Path:
@@ -78,9 +78,13 @@ def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str |
 
 def _serialized(conn: Connection) -> None:
     """Hold the migration lock for the transaction. SQLite's writer engine already holds the
-    file's write lock (`BEGIN IMMEDIATE`); PostgreSQL takes an advisory lock."""
+    file's write lock (`BEGIN IMMEDIATE`); PostgreSQL takes an advisory lock (the run's own),
+    and a named run's schema is made here, the first time its log is created."""
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(MIGRATION_LOCK_SQL)
+        schema = conn.get_execution_options().get("eventlog_schema")
+        conn.exec_driver_sql(migration_lock_sql(schema))
+        if schema is not None:
+            conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
 
 
 def known_revisions(engine: Engine) -> set[str]:

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine, event
 
 from eventlog.errors import StorageUnavailableError
+from eventlog.store import runs
 
 Durability = Literal["full", "normal"]
 
@@ -27,6 +28,12 @@ LOCK_KEY = 0x6576656E746C6F67  # "eventlog" in ASCII; any constant shared by all
 CHANNEL = "eventlog_appended"
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({LOCK_KEY + 1})"
 """Serializes creating and migrating a log (kept apart from the writers' lock)."""
+
+
+def migration_lock_sql(schema: str | None) -> str:
+    """The migration lock of the run in `schema` (the default run's is MIGRATION_LOCK_SQL)."""
+    return f"SELECT pg_advisory_xact_lock({runs.lock_key(LOCK_KEY + 1, schema)})"
+
 
 _INSERT = (
     "INSERT INTO events (seq, stream, version, event_id, type, schema, recorded_at, payload, chain)"
@@ -53,8 +60,13 @@ class PostgresDialect:
         busy_timeout_ms: int = 60_000,
         *,
         read_only: bool = False,
+        schema: str | None = None,
     ) -> None:
         self.url = url
+        self.schema = schema
+        """The run's schema (None: the default run, in the database's own schema)."""
+        self._lock_key = runs.lock_key(LOCK_KEY, schema)
+        self._channel = runs.channel_for(CHANNEL, schema)
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
         self.read_only = read_only
@@ -70,6 +82,8 @@ class PostgresDialect:
 
     def _engine(self, *, pool_size: int, max_overflow: int, writer: bool) -> Engine:
         settings = [f"SET lock_timeout = {int(self.busy_timeout_ms)}"]
+        if self.schema is not None:  # the run's tables, and only those, are visible
+            settings.append(f'SET search_path TO "{self.schema}"')
         if writer and self.durability == "normal":
             settings.append("SET synchronous_commit = off")
         if self.read_only:
@@ -88,6 +102,7 @@ class PostgresDialect:
                     cursor.execute(statement)
             dbapi_connection.commit()
 
+        engine.update_execution_options(eventlog_schema=self.schema)
         self._engines.append(engine)
         return engine
 
@@ -99,7 +114,7 @@ class PostgresDialect:
     def begin_write(self, cursor: Any) -> None:
         """The lock is transaction-scoped: released by the transaction's end."""
         cursor.execute("BEGIN")
-        cursor.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
+        cursor.execute(f"SELECT pg_advisory_xact_lock({self._lock_key})")
 
     def commit_write(self, cursor: Any) -> None:
         cursor.execute("COMMIT")
@@ -110,7 +125,7 @@ class PostgresDialect:
         return cast(contextlib.AbstractContextManager[Any], dbapi.pipeline())
 
     def after_write(self, cursor: Any, last_seq: int) -> None:
-        cursor.execute(f"SELECT pg_notify('{CHANNEL}', '{int(last_seq)}')")
+        cursor.execute(f"SELECT pg_notify('{self._channel}', '{int(last_seq)}')")
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         import psycopg
@@ -121,7 +136,7 @@ class PostgresDialect:
                     hide_password=False
                 )
                 self._listener = psycopg.connect(conninfo, autocommit=True)
-                self._listener.execute(f"LISTEN {CHANNEL}")
+                self._listener.execute(f'LISTEN "{self._channel}"')
             listener = self._listener
         for _ in listener.notifies(timeout=timeout, stop_after=1):
             break
@@ -129,7 +144,7 @@ class PostgresDialect:
     def backup(self, engine: Engine, dest: Path) -> None:
         """The documented recipe: `pg_dump --format=custom` of the whole database (tables,
         the append-only triggers and their function), one consistent snapshot; restore it
-        with `pg_restore --dbname=NEW DEST`."""
+        with `pg_restore --dbname=NEW DEST`. A named run's backup holds its schema only."""
         pg_dump = _find_client("pg_dump")
         url = self.url.set(drivername="postgresql")
         env = dict(os.environ)
@@ -137,8 +152,16 @@ class PostgresDialect:
             env["PGPASSWORD"] = str(url.password)
         conninfo = url.set(password=None).render_as_string(hide_password=False)
         partial = dest.with_name(dest.name + ".partial")
+        only = [] if self.schema is None else [f"--schema={self.schema}"]
         done = subprocess.run(
-            [pg_dump, "--format=custom", "--no-owner", f"--file={partial}", f"--dbname={conninfo}"],
+            [
+                pg_dump,
+                "--format=custom",
+                "--no-owner",
+                *only,
+                f"--file={partial}",
+                f"--dbname={conninfo}",
+            ],
             env=env,
             capture_output=True,
             text=True,
