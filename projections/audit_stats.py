@@ -2,8 +2,8 @@
 what did each step train, how stale, and how much was thrown away?".
 
 Folded record by record (`fold_audit`, records in seq order), then `report`. Steps are told
-apart by the effective checkpoints, given up front like the rolled-back ranges: step N's
-records lie after step N-1's checkpoint, up to and including step N's.
+apart by where each step ends (its training or its checkpoint, whichever is later), given up
+front like the rolled-back ranges: step N's records lie after step N-1's end, up to N's.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ class AuditState:
     orphans: dict[str, list[str]] = field(default_factory=dict)
     """Attempts named while their group was not in the ledger (a rolled-back reservation)."""
     in_restore: bool = False
-    checkpoints_at: list[tuple[int, int]] = field(default_factory=list)
-    """(seq, step) of the effective checkpoints, in seq order: the step boundaries."""
+    step_ends: list[tuple[int, int]] = field(default_factory=list)
+    """(seq, step) of each step's last record, in seq order: the step boundaries."""
     by_step: dict[int, StepStats] = field(default_factory=dict)
     trainable: dict[str, list[tuple[int | None, int]]] = field(default_factory=dict)
     """Finalized groups not yet trained: (weight version, tokens) of each sealed sibling."""
@@ -166,12 +166,12 @@ class AuditState:
     """The seq of the record being folded."""
 
     def step_of(self, seq: int) -> int:
-        """The step whose records include `seq`: the first checkpoint at or after it, or the
-        step after the last checkpoint."""
-        at = bisect.bisect_left(self.checkpoints_at, (seq, -(10**18)))
-        if at < len(self.checkpoints_at):
-            return self.checkpoints_at[at][1]
-        return self.checkpoints_at[-1][1] + 1 if self.checkpoints_at else 0
+        """The step whose records include `seq`: the first step ending at or after it, or the
+        step after the last one."""
+        at = bisect.bisect_left(self.step_ends, (seq, -(10**18)))
+        if at < len(self.step_ends):
+            return self.step_ends[at][1]
+        return self.step_ends[-1][1] + 1 if self.step_ends else 0
 
     def step(self, step: int | None = None) -> StepStats:
         step = self.step_of(self.seq) if step is None else step
@@ -371,13 +371,21 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, Any, bool], None]] = {
 }
 
 
+def count_record(state: AuditState, seq: int) -> bool:
+    """Count a record of any type (rolled back or not) without reading its event; True when
+    it counts. A reader that skips decoding the types `fold_audit` ignores calls this for
+    them, so the record counts still cover the whole log."""
+    effective = seq not in state.skipped
+    state.records += 1
+    state.seq = seq
+    state.rolled_back_records += not effective
+    return effective
+
+
 def fold_audit(state: AuditState, record: AuditRecord) -> AuditState:
     """Count one record into the statistics (records must come in seq order)."""
     ev = record.event
-    effective = record.seq not in state.skipped
-    state.records += 1
-    state.seq = record.seq
-    state.rolled_back_records += not effective
+    effective = count_record(state, record.seq)
     handler = _HANDLERS.get(type(ev))
     if handler is not None:
         handler(state, ev, effective)
@@ -576,10 +584,10 @@ def _copy(stats: KeyStats) -> KeyStats:
 def audit(
     records: Iterable[AuditRecord],
     skipped: RolledBack,
-    checkpoints_at: list[tuple[int, int]] | None = None,
+    step_ends: list[tuple[int, int]] | None = None,
 ) -> AuditReport:
     """Fold every record (in seq order) and report: the whole statistics in one call."""
-    state = AuditState(skipped=skipped, checkpoints_at=list(checkpoints_at or []))
+    state = AuditState(skipped=skipped, step_ends=list(step_ends or []))
     for record in records:
         fold_audit(state, record)
     return report(state)

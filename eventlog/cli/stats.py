@@ -66,10 +66,11 @@ def stats(target: str, as_json: bool) -> None:
     groups, attempts dispatched and started, retries, failures, abandoned attempts, stale
     results rejected, siblings reused and attempts redispatched by restores, staged rows and
     tokens (kept by a seal, discarded, still open) and generation latency (GenerationStarted
-    to GenerationFinished); and per step (between effective checkpoints): groups and siblings
-    trained, staleness (trained step - weight version), tokens trained and thrown away,
-    retries, failures and what restores cost. Rolled-back records count as work done; what
-    was kept follows the effective history. --json adds these under "recovery".
+    to GenerationFinished); and per step (a step ends at its training or its checkpoint):
+    groups and siblings trained, staleness (trained step - weight version), tokens trained
+    and thrown away, retries, failures and what restores cost. Rolled-back records count as
+    work done; what was kept follows the effective history. --json adds these under
+    "recovery".
     """
     command = click.get_current_context().command
     factories = command.sections if isinstance(command, StatsCommand) else ()

@@ -98,7 +98,7 @@ def json_object(view: RecordView) -> dict[str, Any]:
         "seq": view.seq,
         "stream": view.stream,
         "version": view.version,
-        "event_id": str(view.event_id),
+        "event_id": view.event_id,  # msgspec writes a UUID as its canonical text
         "type": view.type,
         "recorded_at": format_ns(view.recorded_at),
         "data": view.data,

@@ -288,7 +288,6 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
     step: int
     first_seq: int
     last_seq: int | None
-    checkpoint_seq: int | None
     records: int
     rolled_back_records: int
     groups_reserved: list[str]
@@ -348,7 +347,6 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
         step=step,
         first_seq=low,
         last_seq=high,
-        checkpoint_seq=high,
         records=records,
         rolled_back_records=rolled,
         groups_reserved=reserved,
@@ -369,8 +367,9 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
 @click.argument("step", type=int, metavar="N")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def step_command(target: str, step: int, as_json: bool) -> None:
-    """Step N of TARGET's run: its records (after step N-1's checkpoint, up to N's), the
-    groups it reserved, finalized and trained, the work its attempts did, its restores."""
+    """Step N of TARGET's run: its records (after step N-1 ended, up to where N ended: its
+    training or its checkpoint, whichever is later), the groups it reserved, finalized and
+    trained, the work its attempts did, its restores."""
     with open_log(target) as log:
         run = RunLog(log)
         view = view_step(log, run, step)
@@ -378,7 +377,7 @@ def step_command(target: str, step: int, as_json: bool) -> None:
         click.echo(json_line({"target": shown_target(target), **msgspec.to_builtins(view)}))
         return
     console = stdout_console()
-    until = "the head" if view.last_seq is None else f"seq {view.last_seq} (checkpoint)"
+    until = "the head" if view.last_seq is None else f"seq {view.last_seq}"
     console.print(f"step {step} · seqs {view.first_seq} to {until}", style="bold")
     rolled = f", {view.rolled_back_records} rolled back" if view.rolled_back_records else ""
     console.print(f"{view.records} records{rolled}")

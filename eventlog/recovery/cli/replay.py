@@ -38,15 +38,16 @@ def _step(value: str, what: str) -> int:
 
 
 class StepSelector:
-    """`--step N`: the records of step N's work, after step N-1's checkpoint up to N's."""
+    """`--step N`: the records of step N's work, after step N-1's end up to N's."""
 
     def option(self) -> click.Option:
         return click.Option(
             ["--step", "steps"],
             multiple=True,
             metavar="N",
-            help="Only the records of step N: after the checkpoint of step N-1, up to and "
-            "including the checkpoint of step N (the step in progress: up to the head).",
+            help="Only the records of step N: after step N-1 ended, up to and including where "
+            "step N ended (its training or its checkpoint, whichever is later; the step in "
+            "progress: up to the head).",
         )
 
     def select(self, log: EventLog, value: str) -> Selection:

@@ -37,13 +37,21 @@ from eventlog.recovery.vocabulary import (
     SiblingSealed,
     UnsealedAbandoned,
 )
-from projections.audit_stats import STATS_TYPES, AuditReport, AuditState, fold_audit, report
+from projections.audit_stats import (
+    STATS_TYPES,
+    AuditReport,
+    AuditState,
+    count_record,
+    fold_audit,
+    report,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 GANTT_GROUPS = 60
+STALENESS_SERIES = 8
 RATE_BINS = 120
 COLORS = {
     "counts": "#2b8a3e",
@@ -97,9 +105,7 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
     span = max(pic.last_ns - pic.first_ns, 1)
     checkpoint_seqs = {seq: ev.step for seq, ev in run.checkpoints}
     restore_seqs = {r.seq for r, _ in run.restores}
-    state = AuditState(
-        skipped=run.skipped, checkpoints_at=[(seq, ev.step) for seq, ev in run.checkpoints]
-    )
+    state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
     with seq_progress("report", 1, head) as advance:
         for record in log.read_records():
             advance(record.seq)
@@ -110,14 +116,13 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
                 pic.checkpoints.append((record.recorded_at, checkpoint_seqs[record.seq]))
             if record.seq in restore_seqs:
                 pic.restores.append(record.recorded_at)
-            if record.type not in GANTT_TYPES:
-                continue
-            rec = decoded(record)
-            if rec is None:
-                continue
-            if record.type in STATS_TYPES:
+            rec = decoded(record) if record.type in GANTT_TYPES else None
+            if rec is not None and record.type in STATS_TYPES:
                 fold_audit(state, rec)
-            _gantt(pic, rec.event, record.recorded_at, record.seq not in run.skipped)
+            else:
+                count_record(state, record.seq)
+            if rec is not None:
+                _gantt(pic, rec.event, record.recorded_at, record.seq not in run.skipped)
     pic.stats = report(state)
     return pic
 
@@ -268,12 +273,19 @@ def plot_staleness(pic: RunPicture) -> Figure:
     fig = _figure(3.0)
     ax = fig.add_subplot()
     lags = sorted({lag for s in pic.stats.by_step for lag in s.staleness})
+    steps = [s for s in pic.stats.by_step if s.staleness]
+    series = [(f"step {s.step}", s.staleness) for s in steps]
+    if len(series) > STALENESS_SERIES:  # one bar per step would not be readable: add up
+        total: dict[int, int] = {}
+        for s in steps:
+            for lag, n in s.staleness.items():
+                total[lag] = total.get(lag, 0) + n
+        series = [(f"steps {steps[0].step}-{steps[-1].step}", total)]
     bottom = [0] * len(lags)
-    for s in pic.stats.by_step:
-        heights = [s.staleness.get(lag, 0) for lag in lags]
-        if any(heights):
-            ax.bar(lags, heights, bottom=bottom, label=f"step {s.step}")
-            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    for label, found in series:
+        heights = [found.get(lag, 0) for lag in lags]
+        ax.bar(lags, heights, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_xlabel("staleness (trained step - weight version)")
     ax.set_ylabel("siblings trained")
     ax.set_xticks(lags)

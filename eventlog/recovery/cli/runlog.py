@@ -25,6 +25,7 @@ from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     REPLAY_STREAM,
     CheckpointCommitted,
+    ReplayConsumed,
     RestoreCompleted,
     RestoreStarted,
     attempt_stream,
@@ -116,26 +117,46 @@ class RunLog:
             )
         return found[-1]
 
+    def step_ends(self) -> list[tuple[int, int]]:
+        """(seq, step) where each step's work ends, in seq order: its effective training
+        (ReplayConsumed) or its effective checkpoint, whichever is later."""
+        ends: dict[int, int] = {}
+        for seq, ev in self.checkpoints:
+            ends[ev.step] = max(ends.get(ev.step, 0), seq)
+        for rec in decoded_all(self.log.read_records(streams=[REPLAY_STREAM])):
+            if (
+                rec.seq <= self.head
+                and rec.seq not in self.skipped
+                and isinstance(rec.event, ReplayConsumed)
+            ):
+                ends[rec.event.step] = max(ends.get(rec.event.step, 0), rec.seq)
+        ordered: list[tuple[int, int]] = []
+        for step, seq in sorted(ends.items()):
+            if not ordered or seq > ordered[-1][0]:  # a step ends after the one before it
+                ordered.append((seq, step))
+        return ordered
+
     def steps(self) -> list[int]:
-        """Steps with an effective checkpoint, plus the one in progress after the last."""
-        done = sorted({ev.step for _, ev in self.checkpoints})
-        last_seq = self.checkpoints[-1][0] if self.checkpoints else 0
-        if self.head > last_seq:
+        """Steps that ended (trained or checkpointed), plus the one in progress after them."""
+        ends = self.step_ends()
+        done = [step for _, step in ends]
+        if self.head > (ends[-1][0] if ends else 0):
             done.append(done[-1] + 1 if done else 0)
         return done
 
     def step_range(self, step: int) -> tuple[int, int | None]:
-        """The seqs of step N's work: after step N-1's checkpoint, up to step N's (inclusive).
+        """The seqs of step N's work: after step N-1's end, up to step N's end (inclusive).
 
-        The step in progress (no checkpoint yet) runs to the head.
+        The step in progress (not yet trained nor checkpointed) runs to the head.
         """
         steps = self.steps()
         if step not in steps:
             raise CliUsageError(f"step {step}: not in the log ({nearest_numbers(step, steps)})")
-        before = [seq for seq, ev in self.checkpoints if ev.step < step]
+        ends = self.step_ends()
+        before = [seq for seq, s in ends if s < step]
         low = before[-1] + 1 if before else 1
-        ends = [seq for seq, ev in self.checkpoints if ev.step == step]
-        return low, (ends[-1] if ends else None)
+        own = [seq for seq, s in ends if s == step]
+        return low, (own[0] if own else None)
 
 
 # -- a group and every record about it --------------------------------------------------------

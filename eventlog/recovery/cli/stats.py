@@ -17,6 +17,7 @@ from projections.audit_stats import (
     AuditState,
     KeyReport,
     StepReport,
+    count_record,
     fold_audit,
     report,
 )
@@ -32,17 +33,16 @@ class RecoverySection:
 
     def __init__(self, log: EventLog) -> None:
         run = RunLog(log)
-        self._state = AuditState(
-            skipped=run.skipped, checkpoints_at=[(seq, ev.step) for seq, ev in run.checkpoints]
-        )
+        self._state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
         self._types: set[str] = set()
 
     def add(self, record: Record) -> None:
         self._types.add(record.type)
-        if record.type in STATS_TYPES:
-            found = decoded(record)
-            if found is not None:
-                fold_audit(self._state, found)
+        found = decoded(record) if record.type in STATS_TYPES else None
+        if found is not None:
+            fold_audit(self._state, found)
+        else:
+            count_record(self._state, record.seq)
 
     def report(self) -> AuditReport | None:
         return report(self._state) if RECOVERY_TYPES & self._types else None
