@@ -45,6 +45,7 @@ from eventlog.recovery.vocabulary import (
     SiblingSealed,
     UnsealedAbandoned,
     logical_id,
+    parse_rollout_id,
     rollout_id_for,
 )
 
@@ -282,6 +283,22 @@ def _named(group: GroupState, index: int, rollout_id: str, *allowed: AttemptStat
                     rollout_id=rollout_id,
                     current_rollout_id=current.rollout_id,
                 )
+        parsed = parse_rollout_id(rollout_id)
+        if (
+            parsed is not None
+            and (parsed.group_id, parsed.generation_index) == (group.group_id, index)
+            and parsed.attempt < current.attempt
+        ):
+            # A number below the current one that this history never minted: a restore
+            # rolled it back and skipped past it, so its result is late, not unknown.
+            raise StaleAttempt(
+                f"attempt {parsed.attempt} ({rollout_id!r}) was rolled back by a restore; "
+                f"the current attempt is {current.attempt} ({current.rollout_id!r})",
+                group_id=group.group_id,
+                generation_index=index,
+                rollout_id=rollout_id,
+                current_rollout_id=current.rollout_id,
+            )
         raise RuleViolation(
             f"unknown rollout id {rollout_id!r}, expected the current attempt "
             f"{current.attempt} ({current.rollout_id!r})",
@@ -486,6 +503,14 @@ def _sealed(group: GroupState, result: SealResult) -> SiblingState:
         keys = result.receipt.staging_keys
         if len(set(keys)) != len(keys):
             raise RuleViolation(f"receipt lists a staging key twice: {keys}", **where)
+        for other in group.siblings:
+            owned = set(keys).intersection(other.current.staging_keys)
+            if owned and other.generation_index != result.generation_index:
+                raise RuleViolation(
+                    f"receipt names staging keys {sorted(owned)} that sibling "
+                    f"{other.generation_index} ({other.current.rollout_id!r}) owns",
+                    **where,
+                )
     if isinstance(result.reward, bool) or not math.isfinite(result.reward):
         raise RuleViolation(f"reward must be a finite number, found {result.reward!r}", **where)
     if not isinstance(result.mask_sample, bool):
@@ -537,6 +562,16 @@ def _on_group_sealed(state: LedgerState, ev: GroupSealed) -> None:
         )
     # Every result is validated against the unchanged group before anything changes.
     sealed = [_sealed(group, result) for result in ev.results]
+    seen: dict[str, int] = {}
+    for result in ev.results:
+        for key in result.receipt.staging_keys if result.receipt else ():
+            first = seen.setdefault(key, result.generation_index)
+            if first != result.generation_index:
+                raise RuleViolation(
+                    f"staging key {key!r} is in the receipts of siblings {first} and "
+                    f"{result.generation_index}; a row is owned by one sibling",
+                    group_id=group.group_id,
+                )
     state.groups[group.group_id] = _ready_if_complete(_replace_siblings(group, sealed))
 
 

@@ -253,6 +253,24 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
         msgspec.structs.replace(FINALIZED[-1], target_step=5),
         "for step 5, but the group is",
     ),
+    "receipt names a key another sibling owns": (
+        [reserved(n=2), dispatched(ref(0), ref(1)), sealed(0)],
+        sealed(1, keys=["g_g0/0"]),
+        r"receipt names staging keys \['g_g0/0'\] that sibling 0 \('g_g0'\) owns",
+    ),
+    "group seal gives one key to two siblings": (
+        [reserved(n=2, granularity="prompt_group"), dispatched(ref(0), ref(1))],
+        GroupSealed(
+            group_id="g",
+            results=[
+                msgspec.structs.replace(
+                    result(i), receipt=Receipt(rollout_id=f"g_g{i}", staging_keys=["shared"])
+                )
+                for i in (0, 1)
+            ],
+        ),
+        "staging key 'shared' is in the receipts of siblings 0 and 1",
+    ),
     "finalized twice": (FINALIZED, FINALIZED[-1], "replay buffer owns it"),
     "discard with other keys": (
         READY,

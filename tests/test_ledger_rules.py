@@ -8,7 +8,12 @@ import pytest
 
 from eventlog import EventLog
 from eventlog.errors import ConcurrencyError
-from eventlog.recovery.errors import BarrierError, LedgerRuleError, StaleAttemptError
+from eventlog.recovery.errors import (
+    BarrierError,
+    ControllerFencedError,
+    LedgerRuleError,
+    StaleAttemptError,
+)
 from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
 from eventlog.recovery.vocabulary import (
     PromptRef,
@@ -485,14 +490,16 @@ def test_granularity_is_resolved_once_from_config_at_reservation(harness: Harnes
 
 def test_unknown_granularity_is_refused(harness: Harness) -> None:
     h = harness
+    head = h.log.head()
     with pytest.raises(LedgerRuleError, match="granularity"):
         h.reserve("g1", granularity="per_token")
-    assert h.log.head() == 0
+    assert h.log.head() == head
 
 
 def test_every_command_needs_a_live_cut_and_a_stale_one_appends_nothing(harness: Harness) -> None:
     h = harness
     h.reserve("g1", n=1)
+    head = h.log.head()
     stale = h.run(lambda cut: cut)
     with pytest.raises(BarrierError, match="stale"):
         h.ledger.dispatch(stale, "g1")
@@ -507,7 +514,7 @@ def test_every_command_needs_a_live_cut_and_a_stale_one_appends_nothing(harness:
             admitted=True,
             granularity="sibling",
         )
-    assert h.log.head() == 1
+    assert h.log.head() == head
 
 
 def test_checkpoint_needs_the_exclusive_cut(harness: Harness) -> None:
@@ -517,27 +524,33 @@ def test_checkpoint_needs_the_exclusive_cut(harness: Harness) -> None:
 
 
 def test_second_controller_writing_concurrently_gets_concurrency_error(harness: Harness) -> None:
+    """Opening a second controller fences the first: its next command is a typed
+    ConcurrencyError (ControllerFencedError) naming both epochs, and appends nothing."""
     h = harness
     h.reserve("g1", n=2)
     h.dispatch("g1")
+    receipt = h.stage("g1_g0")
     other_log = EventLog.open(h.path)
     try:
         other = RecoveryLedger.open(other_log, h.data_plane)
-        receipt = h.stage("g1_g0")
-        h.seal("g1", 1)  # the first controller moves on
+        assert (h.ledger.epoch, other.epoch) == (1, 2)
+        h.run(lambda cut: other.fail_attempt(cut, "g1", 1, rollout_id="g1_g1", error="x"))
         head = h.log.head()
 
         async def stale_seal() -> None:
             async with h.barrier.mutation("other") as cut:
-                other.seal_sibling(
+                h.ledger.seal_sibling(
                     cut, "g1", 0, rollout_id="g1_g0", receipt=receipt, reward=1.0, mask_sample=False
                 )
 
-        with pytest.raises(ConcurrencyError):
+        with pytest.raises(ConcurrencyError, match="epoch 1, but epoch 2 was taken") as caught:
+            asyncio.run(stale_seal())
+        assert isinstance(caught.value, ControllerFencedError)
+        assert (caught.value.held_epoch, caught.value.current_epoch) == (1, 2)
+        assert h.log.head() == head
+        with pytest.raises(ControllerFencedError, match="superseded"):
             asyncio.run(stale_seal())
         assert h.log.head() == head
-        with pytest.raises(LedgerRuleError, match="stale"):
-            asyncio.run(stale_seal())
     finally:
         other_log.close()
 
@@ -640,3 +653,75 @@ def test_a_prompt_that_is_not_json_needs_fingerprint_off(harness: Harness) -> No
     assert caught.value.hint is not None and "fingerprint=False" in caught.value.hint
     reserve(False)
     assert h.ledger.group("g1").prompt_hash is None
+
+
+def test_a_receipt_naming_keys_its_attempt_never_staged_is_refused(harness: Harness) -> None:
+    """Another sibling's key, a key of another attempt, or a key nobody staged: refused at seal."""
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    own = h.stage("g1_g1", calls=1)
+    head = h.log.head()
+
+    def seal(keys: list[str]) -> bool:
+        receipt = Receipt(rollout_id="g1_g1", staging_keys=keys)
+        return h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut, "g1", 1, rollout_id="g1_g1", receipt=receipt, reward=1.0, mask_sample=False
+            )
+        )
+
+    with pytest.raises(LedgerRuleError, match=r"sibling 1: .*never staged.*'g1_g0/call-0'"):
+        seal([*own.staging_keys, "g1_g0/call-0"])
+    with pytest.raises(LedgerRuleError, match=r"never staged .*'made-up'"):
+        seal(["made-up"])
+    assert h.log.head() == head
+    assert h.ledger.group("g1").siblings[1].current.status == "dispatched"
+    assert seal(own.staging_keys) is True
+
+
+def test_a_late_result_of_a_rolled_back_attempt_or_group_is_stale_and_recordable(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    h.checkpoint(1)
+    # After the checkpoint attempt 0 fails and attempt 1 runs: a restore rolls attempt 1 back.
+    h.run(lambda cut: h.ledger.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="oom"))
+    h.run(lambda cut: h.ledger.prepare_retry(cut, "g1"))
+    h.dispatch("g1")
+    late = h.stage("g1_g0-a1", calls=1)
+    h.reserve("g2", n=1)  # reserved after the checkpoint: the whole group is rolled back
+    h.dispatch("g2")
+    late_group = h.stage("g2_g0", calls=1)
+    h.fresh_process()
+    h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+    assert h.rollout_id("g1", 0) == "g1_g0-a2"
+    head = h.log.head()
+    for gid, rid, receipt in (("g1", "g1_g0-a1", late), ("g2", "g2_g0", late_group)):
+        with pytest.raises(StaleAttemptError, match="rolled back") as caught:
+            h.run(
+                lambda cut, gid=gid, rid=rid, receipt=receipt: h.ledger.seal_sibling(
+                    cut,
+                    gid,
+                    0,
+                    rollout_id=rid,
+                    receipt=receipt,
+                    reward=1.0,
+                    mask_sample=False,
+                )
+            )
+        assert h.log.head() == head
+        assert (caught.value.group_id, caught.value.rollout_id) == (gid, rid)
+        h.run(lambda cut, err=caught.value: h.ledger.record_rejected_result(cut, err))
+        head = h.log.head()
+        (rejected,) = [
+            r.event
+            for r in h.records(group_stream(gid))
+            if isinstance(r.event, StaleResultRejected)
+        ]
+        assert rejected.rollout_id == rid
+    with pytest.raises(StaleAttemptError, match="rolled back"):
+        h.ledger.check_result("g1", 0, "g1_g0-a1")

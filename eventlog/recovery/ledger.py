@@ -433,13 +433,33 @@ class RecoveryLedger:
         result is recognised (and can be recorded with `record_rejected_result`) when it
         arrives, not only when the whole group is sealed. Appends nothing.
         """
-        return self._attempt(self.group(group_id), generation_index, rollout_id)
+        group = self._result_group(group_id, generation_index, rollout_id)
+        return self._attempt(group, generation_index, rollout_id)
+
+    def _result_group(self, group_id: str, generation_index: int, rollout_id: str) -> GroupState:
+        """The group a worker result names; StaleAttemptError when the ledger no longer holds it.
+
+        A group that left the ledger (finalized, discarded) or was rolled back by a restore
+        still has its stream in the log: a result for it is late, not unknown (needs the log).
+        """
+        state = self._require_state()
+        if group_id not in state.groups and self.log.stream_version(group_stream(group_id)):
+            why = "finalized" if group_id in state.replay else "discarded or rolled back"
+            raise StaleAttemptError(
+                f"group {group_id!r}, sibling {generation_index}: the group was {why}; the "
+                f"result of {rollout_id!r} is rejected",
+                group_id=group_id,
+                generation_index=generation_index,
+                rollout_id=rollout_id,
+                current_rollout_id=None,
+            )
+        return self.group(group_id)
 
     def fail_attempt(
         self, cut: Cut, group_id: str, generation_index: int, *, rollout_id: str, error: str
     ) -> AttemptRef:
         """Record that a dispatched attempt ended without a sealable result."""
-        group = self.group(group_id)
+        group = self._result_group(group_id, generation_index, rollout_id)
         attempt = self._attempt(group, generation_index, rollout_id)
         event = AttemptFailed(
             group_id=group_id,
@@ -463,7 +483,7 @@ class RecoveryLedger:
         mask_sample: bool,
     ) -> bool:
         """Accept one attempt's result (`sibling` granularity). False: an identical repeat."""
-        group = self.group(group_id)
+        group = self._result_group(group_id, generation_index, rollout_id)
         attempt = self._attempt(group, generation_index, rollout_id)
         result = SealResult(
             generation_index=generation_index,
@@ -475,6 +495,7 @@ class RecoveryLedger:
         )
         if attempt.status == "sealed":
             return self._repeat(group, [result], Granularity.SIBLING, "seal one sibling")
+        self._require_staged(group_id, generation_index, receipt)
         event = SiblingSealed(
             group_id=group_id,
             generation_index=generation_index,
@@ -489,7 +510,11 @@ class RecoveryLedger:
 
     def seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> bool:
         """Accept every sibling's result at once (`prompt_group`); validated whole first."""
-        group = self.group(group_id)
+        group = (
+            self._result_group(group_id, results[0].generation_index, results[0].rollout_id)
+            if results
+            else self.group(group_id)
+        )
         sealed = []
         for r in results:
             attempt = self._attempt(group, r.generation_index, r.rollout_id)
@@ -505,8 +530,31 @@ class RecoveryLedger:
             )
         if group.status != "generating" and sealed:
             return self._repeat(group, sealed, Granularity.PROMPT_GROUP, "seal the whole group")
+        for s in sealed:
+            self._require_staged(group_id, s.generation_index, s.receipt)
         self._commit_group(cut, group_id, [GroupSealed(group_id=group_id, results=sealed)])
         return True
+
+    def _require_staged(self, group_id: str, index: int, receipt: Receipt | None) -> None:
+        """Every key of a receipt was staged by the attempt it names (its TokensStaged records).
+
+        Needs the attempt's stream, so it is the ledger's precondition, not a fold rule; a key
+        another sibling owns is the fold's rule (`projections.siblings._sealed`).
+        """
+        if receipt is None or not receipt.staging_keys:
+            return
+        staged = staged_by(
+            (r.event for r in self.log.read_stream(attempt_stream(receipt.rollout_id))),
+            self.staging_partition,
+        )
+        unstaged = [k for k in receipt.staging_keys if staged.get(k) != receipt.rollout_id]
+        if unstaged:
+            raise LedgerRuleError(
+                f"group {group_id!r}, sibling {index}: the receipt of {receipt.rollout_id!r} "
+                f"names staging keys that attempt never staged in partition "
+                f"{self.staging_partition!r}: {unstaged}",
+                hint="a receipt lists the keys of the attempt's own TokensStaged records",
+            )
 
     @staticmethod
     def _repeat(
