@@ -11,7 +11,7 @@ import msgspec
 import torch
 
 from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.dataplane.protocol import DataPlaneCheckpoint
+from eventlog.dataplane.protocol import DataPlaneCheckpoint, inventory_digest
 
 _WRITER = """
 import os, signal, sys
@@ -81,3 +81,64 @@ def test_importing_the_in_memory_plane_and_the_ledger_does_not_load_torch() -> N
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] {}"
+
+
+def test_a_checkpoint_of_the_first_format_still_restores(tmp_path: Path) -> None:
+    """Checkpoints written before the plane's own format (torch.save of a dict) stay loadable."""
+    rows = {
+        "g0_g0/c0": {"token_ids": torch.arange(3), "reward": torch.tensor(0.5)},
+        "g0_g1/c0": {"mask": torch.tensor([True, False]), "h": torch.ones(2, 2).bfloat16()},
+    }
+    tags = {"g0_g0/c0": {"rollout_id": "g0_g0"}, "g0_g1/c0": {}}
+    payload = {  # exactly what format 1 wrote
+        "format": 1,
+        "partitions": {"staging": {k: {"fields": f, "tags": tags[k]} for k, f in rows.items()}},
+    }
+    torch.save(payload, tmp_path / "memory-dataplane.pt")
+    pairs = [("staging", key) for key in rows]
+    checkpoint = DataPlaneCheckpoint(
+        ref=str(tmp_path), inventory_digest=inventory_digest(pairs), row_count=2
+    )
+    plane = InMemoryDataPlane()
+    plane.load_checkpoint(checkpoint)
+    assert plane.list_keys("staging") == tags
+    read = plane.read_rows("staging", list(rows))
+    for key, fields in rows.items():
+        assert read[key].keys() == fields.keys()
+        for name, tensor in fields.items():
+            got = read[key][name]
+            assert isinstance(got, torch.Tensor) and torch.equal(got, tensor)
+
+
+def test_loading_a_checkpoint_and_listing_its_rows_does_not_import_torch(
+    tmp_path: Path,
+) -> None:
+    """A restore lists keys and tags; the tensors are built only when a row is read."""
+    plane = InMemoryDataPlane()
+    plane.put_rows(
+        "staging",
+        {"k1": {"t": torch.arange(4, dtype=torch.int32)}, "k2": {"x": torch.zeros(0)}},
+        tags={"k1": {"rollout_id": "r1"}},
+    )
+    checkpoint = plane.save_checkpoint(str(tmp_path))
+    probe = (
+        "import sys, msgspec; sys.modules['torch'] = None\n"
+        "from eventlog.dataplane.memory import InMemoryDataPlane\n"
+        "from eventlog.dataplane.protocol import DataPlaneCheckpoint\n"
+        "plane = InMemoryDataPlane()\n"
+        "plane.load_checkpoint(msgspec.json.decode(sys.argv[1], type=DataPlaneCheckpoint))\n"
+        "print(plane.list_keys('staging'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, msgspec.json.encode(checkpoint).decode()],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'k1': {'rollout_id': 'r1'}, 'k2': {}}"
+    fresh = InMemoryDataPlane()
+    fresh.load_checkpoint(checkpoint)
+    read = fresh.read_rows("staging", ["k1", "k2"])
+    t, x = read["k1"]["t"], read["k2"]["x"]
+    assert isinstance(t, torch.Tensor) and torch.equal(t, torch.arange(4, dtype=torch.int32))
+    assert isinstance(x, torch.Tensor) and x.shape == (0,) and x.dtype == torch.float32
