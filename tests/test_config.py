@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -195,19 +196,34 @@ def test_configuration_that_is_not_a_mapping_is_refused() -> None:
     [
         (
             {"token_capture": {"enabled": False}},
-            "rollout_recovery needs token_capture.enabled: true (found false) and "
+            "rollout_recovery needs token_capture.enabled: true (found false), "
+            "checkpointing.enabled: true (found nothing) and "
             "checkpointing.save_data_plane: true (found nothing)",
         ),
         (
-            {"token_capture": {"enabled": True}},
+            {"token_capture": {"enabled": True}, "checkpointing": {"enabled": True}},
             "rollout_recovery needs checkpointing.save_data_plane: true (found nothing)",
         ),
         (
-            {"token_capture": {"enabled": True}, "checkpointing": {"save_data_plane": False}},
+            {
+                "token_capture": {"enabled": True},
+                "checkpointing": {"enabled": True, "save_data_plane": False},
+            },
             "rollout_recovery needs checkpointing.save_data_plane: true (found false)",
         ),
         (
-            {"checkpointing": {"save_data_plane": True}},
+            {"token_capture": {"enabled": True}, "checkpointing": {"save_data_plane": True}},
+            "rollout_recovery needs checkpointing.enabled: true (found nothing)",
+        ),
+        (
+            {
+                "token_capture": {"enabled": True},
+                "checkpointing": {"enabled": False, "save_data_plane": True},
+            },
+            "rollout_recovery needs checkpointing.enabled: true (found false)",
+        ),
+        (
+            {"checkpointing": {"enabled": True, "save_data_plane": True}},
             "rollout_recovery needs token_capture.enabled: true (found nothing)",
         ),
     ],
@@ -229,7 +245,7 @@ def test_empty_rollout_recovery_section_still_turns_recovery_on_and_checks_requi
     config = parse_config(
         "rollout_recovery:\n"
         "token_capture: {enabled: true}\n"
-        "checkpointing: {save_data_plane: true}\n"
+        "checkpointing: {enabled: true, save_data_plane: true}\n"
     )
     assert config.rollout_recovery is not None
     assert config.rollout_recovery.default_granularity is Granularity.SIBLING
@@ -359,3 +375,28 @@ def test_config_granularity_is_the_event_vocabulary_s() -> None:
     from eventlog.recovery import vocabulary
 
     assert Granularity is vocabulary.Granularity
+
+
+def test_our_sections_are_read_out_of_a_larger_run_config_and_the_rest_is_ignored() -> None:
+    """A NeMo-RL style YAML: other top-level keys are not ours; inside ours, still strict."""
+    text = textwrap.dedent(
+        """
+        policy: {model_name: tiny, train_global_batch_size: 8}
+        grpo: {num_prompts_per_step: 4, num_generations_per_prompt: 2}
+        logger: {wandb_enabled: false}
+        rollout_recovery: {default_granularity: prompt_group}
+        token_capture: {enabled: true}
+        checkpointing: {enabled: true, save_data_plane: true, checkpoint_dir: results}
+        """
+    )
+    with pytest.raises(ConfigError, match=r"^<string>: checkpointing\.checkpoint_dir: unknown key"):
+        parse_config(text)
+    config = parse_config(text.replace(", checkpoint_dir: results", ""))
+    assert config.rollout_recovery is not None
+    assert config.rollout_recovery.default_granularity is Granularity.PROMPT_GROUP
+    assert config.checkpointing.enabled and config.token_capture.enabled
+    # A near miss of one of our section names is still refused, not ignored.
+    with pytest.raises(
+        ConfigError, match=r"token_captur: unknown key.*did you mean 'token_capture'"
+    ):
+        config_from_dict({"token_captur": {"enabled": True}, "policy": {}})

@@ -477,7 +477,7 @@ def test_granularity_is_resolved_once_from_config_at_reservation(harness: Harnes
                 "agent_granularity_overrides": {"solver": "sibling"},
             },
             "token_capture": {"enabled": True},
-            "checkpointing": {"save_data_plane": True},
+            "checkpointing": {"enabled": True, "save_data_plane": True},
         }
     )
     h.ledger.config = config

@@ -39,7 +39,7 @@ def _finalize(h: Harness, gid: str) -> None:
 
 def _rebuilt_digest(h: Harness) -> str:
     """The digest of a ledger rebuilt from the file, as a crash-and-reopen would see it."""
-    return RecoveryLedger.open(h.log, h.data_plane).digest()
+    return RecoveryLedger.open(h.log, h.data_plane, read_only=True).digest()
 
 
 _CHILD = textwrap.dedent(
@@ -163,7 +163,10 @@ def test_prompt_group_restart_retries_every_sibling_when_one_is_unfinished(
 
 def test_saved_granularity_wins_over_a_changed_config(harness: Harness) -> None:
     h = harness
-    base = {"token_capture": {"enabled": True}, "checkpointing": {"save_data_plane": True}}
+    base = {
+        "token_capture": {"enabled": True},
+        "checkpointing": {"enabled": True, "save_data_plane": True},
+    }
     sibling = config_from_dict({**base, "rollout_recovery": {"default_granularity": "sibling"}})
     whole = config_from_dict({**base, "rollout_recovery": {"default_granularity": "prompt_group"}})
     h.ledger.config = sibling
@@ -380,7 +383,8 @@ def test_restore_after_a_snapshot_loss_folds_the_log_instead(harness: Harness) -
     h.fresh_process()
     plan = _restore(h)
     assert [s.generation_index for s in plan.admitted[0].sealed] == [1]
-    assert state_digest(RecoveryLedger.open(h.log, h.data_plane).state) == h.ledger.digest()
+    rebuilt = RecoveryLedger.open(h.log, h.data_plane, read_only=True)
+    assert state_digest(rebuilt.state) == h.ledger.digest()
     assert digest != h.ledger.digest()  # sibling 0 was in flight and got a new attempt
 
 
@@ -412,30 +416,25 @@ def test_a_rollout_id_never_names_two_physical_runs_across_restores(harness: Har
 
 def test_a_fenced_ledger_restores_from_the_log_and_commands_again(harness: Harness) -> None:
     """A restore commits through the ledger's one write path yet starts over from the log."""
-    from eventlog import EventLog
     from eventlog.errors import ConcurrencyError
 
     h = harness
     h.reserve("g1", n=2)
     h.dispatch("g1")
     h.checkpoint(1)
-    other_log = EventLog.open(h.path)
-    try:
-        other = RecoveryLedger.open(other_log, h.data_plane)
-        h.seal("g1", 1)  # the other ledger's versions are stale now
-        with pytest.raises(ConcurrencyError):
-            h.run(lambda cut: other.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="x"))
-        with pytest.raises(LedgerRuleError, match="stale"):
-            h.run(lambda cut: other.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="x"))
-        plan = h.run(lambda cut: other.restore(cut, h.dataset), kind="recovery_restore")
-        assert plan.admitted[0].redispatch_indices == [0, 1]
-        refs = h.run(lambda cut: other.dispatch(cut, "g1"))
-        assert [r.rollout_id for r in refs] == ["g1_g0-a1", "g1_g1-a1"]
-        assert state_digest(other.state) == state_digest(
-            RecoveryLedger.open(other_log, h.data_plane).state
-        )
-    finally:
-        other_log.close()
+    first = h.ledger
+    h.ledger = RecoveryLedger.open(h.log, h.data_plane)  # a newer controller fences `first`
+    h.seal("g1", 1)
+    with pytest.raises(ConcurrencyError):
+        h.run(lambda cut: first.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="x"))
+    with pytest.raises(ConcurrencyError, match="superseded"):
+        h.run(lambda cut: first.fail_attempt(cut, "g1", 0, rollout_id="g1_g0", error="x"))
+    plan = h.run(lambda cut: first.restore(cut, h.dataset), kind="recovery_restore")
+    assert plan.admitted[0].redispatch_indices == [0, 1]
+    refs = h.run(lambda cut: first.dispatch(cut, "g1"))
+    assert [r.rollout_id for r in refs] == ["g1_g0-a1", "g1_g1-a1"]
+    rebuilt = RecoveryLedger.open(h.log, h.data_plane, read_only=True)
+    assert state_digest(first.state) == state_digest(rebuilt.state)
 
 
 def test_restore_and_checkpoint_compute_their_events_without_appending(harness: Harness) -> None:

@@ -1,10 +1,12 @@
 """Recovery configuration (YAML), parsed strictly: a typo must never pass silently.
 
 Three sections matter to the log: ``rollout_recovery`` (granularity per agent, per task, by
-default), ``token_capture`` (rows staged in the data plane) and ``checkpointing``. Unknown keys,
-wrong types and unknown granularities are ``ConfigError``s naming the key path; so is turning
-recovery on without the two features it stands on. A misspelt section name is refused too,
-because a silently ignored ``rollout_recovry:`` would switch recovery off.
+default), ``token_capture`` (rows staged in the data plane) and ``checkpointing``. They may sit
+in a larger run configuration (a NeMo-RL YAML): other top-level keys are not ours and are
+ignored. Inside our sections, unknown keys, wrong types and unknown granularities are
+``ConfigError``s naming the key path; so is turning recovery on without the features it stands
+on. A top-level key that is a near miss of one of our section names is refused too, because a
+silently ignored ``rollout_recovry:`` would switch recovery off.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "TokenCaptureConfig",
     "config_from_dict",
     "load_config",
+    "our_sections",
     "parse_config",
     "resolve_granularity",
 ]
@@ -188,6 +191,7 @@ def _check_requirements(data: Mapping[Any, Any], config: RecoveryConfig) -> None
     missing: list[str] = []
     for flag, value in (
         ("token_capture.enabled", config.token_capture.enabled),
+        ("checkpointing.enabled", config.checkpointing.enabled),
         ("checkpointing.save_data_plane", config.checkpointing.save_data_plane),
     ):
         if value:
@@ -195,19 +199,47 @@ def _check_requirements(data: Mapping[Any, Any], config: RecoveryConfig) -> None
         found_it, raw = _lookup(data, flag)
         missing.append(f"{flag}: true (found {_describe(raw) if found_it else 'nothing'})")
     if missing:
+        listed = ", ".join(missing[:-1]) + " and " if len(missing) > 1 else ""
         raise ConfigError(
-            "rollout_recovery needs " + " and ".join(missing),
+            "rollout_recovery needs " + listed + missing[-1],
             hint="recovery restores staged token rows from data-plane checkpoints; "
-            "enable both or remove the rollout_recovery section",
+            "enable them or remove the rollout_recovery section",
         )
 
 
+def our_sections(data: Mapping[Any, Any]) -> dict[str, Any]:
+    """Our sections of a (possibly larger) run configuration; a near miss of one is an error.
+
+    Keys that are not ours belong to the rest of the run's configuration and are ignored.
+    """
+    names = sorted(k for k in _SECTIONS if k)
+    ours: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS and key:
+            ours[key] = value
+            continue
+        if not isinstance(key, str):
+            continue
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.8)
+        if close and close[0] not in data:
+            raise ConfigError(
+                f"{_join('', key)}: unknown key; expected one of {', '.join(names)} "
+                f"(did you mean {close[0]!r}?)",
+                hint="other top-level keys are ignored, but this one looks like ours misspelt",
+            )
+    return ours
+
+
 def config_from_dict(data: Mapping[str, Any] | None) -> RecoveryConfig:
-    """Validate an already parsed configuration (``None`` or ``{}``: everything off)."""
+    """Validate an already parsed configuration (``None`` or ``{}``: everything off).
+
+    Only our sections are read (`our_sections`); the rest of a larger run config is ignored.
+    """
     if data is None:
         return RecoveryConfig()
     if not isinstance(data, Mapping):
         raise ConfigError(f"(top level): expected a mapping, found {_describe(data)}")
+    data = our_sections(data)
     # An empty section (`token_capture:` with every key commented out) means its defaults;
     # for rollout_recovery that still means "recovery on", so its requirements apply.
     data = {k: ({} if k in _SECTIONS and v is None else v) for k, v in data.items()}
