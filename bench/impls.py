@@ -50,6 +50,7 @@ class EventLogAppender:
     """The log as a controller uses it: exact expected versions, group commit behind it."""
 
     def __init__(self, target: str | Path, durability: Durability) -> None:
+        self.target = target
         self.log = EventLog.open(target, durability=durability)
 
     def append(self, call: Call) -> None:
@@ -163,6 +164,38 @@ class RawPsycopgAppender:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def raw_read_decode(target: str | Path) -> int:
+    """The driver's scan of every record, each payload decoded by msgspec into its event:
+    the floor under `EventLog.read` (which also checks each row and builds its record)."""
+    from eventlog.events import event_types
+
+    decoders = {name: msgspec.msgpack.Decoder(cls) for name, cls in event_types().items()}
+    sql = f"SELECT {_INSERT_COLUMNS} FROM events WHERE seq >= {{m}} ORDER BY seq LIMIT 1000"
+    count, next_seq = 0, 1
+    if "://" in str(target):
+        import psycopg
+
+        url = str(target).replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(url) as conn:
+            while True:
+                rows = conn.execute(sql.format(m="%s"), (next_seq,)).fetchall()
+                for row in rows:
+                    decoders[row[4]].decode(row[7])
+                count += len(rows)
+                if len(rows) < 1000:
+                    return count
+                next_seq = rows[-1][0] + 1
+    with sqlite3.connect(target) as sconn:
+        while True:
+            rows = sconn.execute(sql.format(m="?"), (next_seq,)).fetchall()
+            for row in rows:
+                decoders[row[4]].decode(row[7])
+            count += len(rows)
+            if len(rows) < 1000:
+                return count
+            next_seq = rows[-1][0] + 1
 
 
 # -- the eventsourcing library --------------------------------------------------------------
