@@ -85,3 +85,11 @@ def test_report_of_a_log_without_recovery_records_is_a_usage_error(
     assert result.exit_code == 2
     assert result.stderr.splitlines()[0].endswith("no rollout-recovery records to plot")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_report_refuses_to_write_over_the_log(run: AuditedRun) -> None:
+    before = Path(run.path).read_bytes()
+    result = cli("report", run.path, "-o", run.path)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0].endswith("a report never writes to it")
+    assert Path(run.path).read_bytes() == before

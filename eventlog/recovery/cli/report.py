@@ -404,6 +404,8 @@ def report_command(target: str, output: Path) -> None:
             "report needs matplotlib, which is not installed",
             hint="pip install 'eventlog[audit]'",
         ) from None
+    if "://" not in target and output.resolve() == Path(target).expanduser().resolve():
+        raise CliUsageError(f"-o {output}: that is the log itself; a report never writes to it")
     with open_log(target) as log:
         pic = gather(log, RunLog(log))
     if pic.stats is None or not pic.stats.by_agent_task:
