@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from bench import append, esapp, replay, rollout
+from bench import append, esapp, replay, rollout, scale
 from bench.common import RESULTS_DIR
 
 Benchmark = Callable[..., Any]
@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "esapp": esapp.run,
     "replay": replay.run,
     "rollout": rollout.run,
+    "scale": scale.run,
 }
 
 

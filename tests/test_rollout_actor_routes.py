@@ -6,17 +6,21 @@ The actors themselves (real Ray, real vLLM) are pinned in tests/test_rollout_act
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 
 from eventlog import EventLog
+from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.errors import StorageUnavailableError
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult
 from eventlog.recovery.errors import ConfigError
 from eventlog.recovery.vocabulary import GenerationFailed, GenerationStarted, attempt_stream
 from eventlog.rollout.routes import ChosenIds, check_route
+from eventlog.rollout.worker import StagingGate
 
 
 def started(rollout_id: str) -> GenerationStarted:
@@ -88,3 +92,39 @@ def test_an_append_whose_replies_stay_lost_fails_after_the_retries(tmp_path: Pat
             asyncio.run(ChosenIds(flaky, retries=2).append_batch_async(requests))
         assert flaky.calls == 3
         assert len(list(log.read_stream(attempt_stream("grp_g0")))) == 1
+
+
+def test_a_held_staging_gate_waits_for_puts_in_flight_and_holds_new_ones_back() -> None:
+    gate = StagingGate()
+    plane = InMemoryDataPlane()
+    inside, leave = threading.Event(), threading.Event()
+
+    def slow_put() -> None:
+        with gate.staging():
+            inside.set()
+            leave.wait(5)
+            plane.put_rows("p", {"a": {"x": torch.zeros(1)}})
+
+    first = threading.Thread(target=slow_put)
+    first.start()
+    inside.wait(5)
+    held = threading.Thread(target=gate.hold)
+    held.start()
+    held.join(0.2)
+    assert held.is_alive()  # a put is in flight: the checkpoint waits for it
+    leave.set()
+    held.join(5)
+    first.join(5)
+    assert not held.is_alive()
+
+    def later_put() -> None:
+        with gate.staging():
+            plane.put_rows("p", {"b": {"x": torch.zeros(1)}})
+
+    second = threading.Thread(target=later_put)
+    second.start()
+    second.join(0.2)
+    assert sorted(plane.list_keys("p")) == ["a"]  # held back while the checkpoint saves
+    gate.release()
+    second.join(5)
+    assert sorted(plane.list_keys("p")) == ["a", "b"]

@@ -24,6 +24,7 @@ Ray is imported here and in the data plane's adapter only; nothing else needs it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -43,7 +44,7 @@ from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.pool import AttemptSkipped, PrioritySlots
 from eventlog.rollout.routes import ChosenIds, EventRoute, check_route
 from eventlog.rollout.sampling import Sampling, TokenEngine
-from eventlog.rollout.worker import AttemptLog, AttemptResult, RolloutWorker
+from eventlog.rollout.worker import AttemptLog, AttemptResult, RolloutWorker, StagingGate
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ class RolloutActor:
             sink = self._direct
         self._sink = ChosenIds(sink)
         self._serial = itertools.count()
+        self.gate = StagingGate()
         self.worker = self._new_worker(spec.faults)
 
     def _new_worker(self, faults: FaultPlan) -> RolloutWorker:
@@ -172,6 +174,7 @@ class RolloutActor:
             worker_id=f"{self.name}-{next(self._serial)}",
             partition=self.spec.partition,
             faults=faults,
+            gate=self.gate,
         )
 
     async def run_attempts(
@@ -191,16 +194,23 @@ class RolloutActor:
         task = asyncio.create_task(
             worker.run_attempts(group_id, attempts, prompt, sampling, agent_name)
         )
-        while True:
-            getter = asyncio.ensure_future(outbox.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield getter.result()
-                continue
-            getter.cancel()
-            while not outbox.empty():
-                yield outbox.get_nowait()
-            break
+        try:
+            while True:
+                getter = asyncio.ensure_future(outbox.get())
+                try:
+                    await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    getter.cancel()
+                if getter.done() and not getter.cancelled():
+                    yield getter.result()
+                    continue
+                while not outbox.empty():
+                    yield outbox.get_nowait()
+                break
+        finally:  # the caller cancelled the call: stop the attempts, as a lost host would
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         try:
             yield CallOutcome(results=task.result())
         except WorkerKilled as killed:
@@ -218,13 +228,22 @@ class RolloutActor:
         )
         return worker.worker_id, self.worker.worker_id
 
+    async def hold_staging(self) -> None:
+        """Stop this actor's puts; return once none is in flight (a checkpoint is saving)."""
+        await asyncio.to_thread(self.gate.hold)
+
+    def release_staging(self) -> None:
+        self.gate.release()
+
     def answer(self, token: int, results: list[AppendResult] | None, error: str | None) -> None:
         """The controller's answer to a `Forward`: its results, or why it refused."""
         self._forwarder.answer(token, results, error)
 
     def stats(self) -> dict[str, float]:
-        """The live worker's counters (for tests and the bench)."""
-        return dict(vars(self.worker.stats))
+        """The live worker's counters, and the commits of a direct actor's own log."""
+        stats: dict[str, float] = dict(vars(self.worker.stats))
+        stats["commits"] = self._direct.commits if self._direct is not None else 0
+        return stats
 
     def worker_id(self) -> str:
         return self.worker.worker_id
@@ -297,11 +316,23 @@ class ActorPool:
         self.actors = list(actors)
         self.weight_version = 0
         self.replaced: list[tuple[str, str]] = []
+        self.running = 0
+        """Attempts in actor calls right now."""
         self._slots = PrioritySlots(slots)
         self._turn = itertools.count()
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version
+
+    @contextlib.asynccontextmanager
+    async def staging_paused(self) -> AsyncIterator[None]:
+        """No actor puts a row inside (for a data-plane checkpoint)."""
+        await asyncio.gather(*(a.hold_staging.remote() for a in self.actors))
+        try:
+            yield
+        finally:
+            for actor in self.actors:
+                actor.release_staging.remote()
 
     async def run(
         self,
@@ -346,18 +377,25 @@ class ActorPool:
             group_id, attempts, prompt, sampling, agent_name, self.weight_version
         )
         outcome: CallOutcome | None = None
-        async for ref in replies:
-            item = await ref
-            if isinstance(item, Forward):
-                try:
-                    results = await self.log.append_batch_async(item.requests)
-                except EventLogError as exc:
-                    refused = exc
-                    actor.answer.remote(item.token, None, str(exc))
+        self.running += len(attempts)
+        try:
+            async for ref in replies:
+                item = await ref
+                if isinstance(item, Forward):
+                    try:
+                        results = await self.log.append_batch_async(item.requests)
+                    except EventLogError as exc:
+                        refused = exc
+                        actor.answer.remote(item.token, None, str(exc))
+                    else:
+                        actor.answer.remote(item.token, results, None)
                 else:
-                    actor.answer.remote(item.token, results, None)
-            else:
-                outcome = item
+                    outcome = item
+        except asyncio.CancelledError:
+            ray.cancel(replies)  # the actor stops the attempts (and their forwarded appends)
+            raise
+        finally:
+            self.running -= len(attempts)
         if outcome is None:
             raise RolloutError(f"group {group_id!r}: the rollout actor ended without an outcome")
         if outcome.replaced is not None:

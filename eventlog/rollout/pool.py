@@ -14,10 +14,11 @@ so no attempt ever starts on a dead worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from eventlog.dataplane.protocol import DataPlane
@@ -25,7 +26,7 @@ from eventlog.log import EventLog
 from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.sampling import Sampling, TokenEngine
-from eventlog.rollout.worker import AttemptResult, RolloutWorker
+from eventlog.rollout.worker import AttemptResult, RolloutWorker, StagingGate
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ class RolloutPool(Protocol):
 
     def set_weight_version(self, version: int) -> None: ...
 
+    def staging_paused(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """No worker puts a row inside (for a data-plane checkpoint)."""
+        ...
+
     async def run(
         self,
         priority: Sequence[int],
@@ -117,6 +122,7 @@ class WorkerPool:
         self._slots = PrioritySlots(slots)
         self._turn = itertools.count()
         self.weight_version = 0
+        self.gate = StagingGate()
         self.workers: list[RolloutWorker] = [self._new_worker(self._faults) for _ in range(workers)]
         self.replaced: list[tuple[str, str]] = []
         """(dead worker id, replacement worker id), in the order they happened."""
@@ -130,7 +136,16 @@ class WorkerPool:
             partition=self.partition,
             weight_version=self.weight_version,
             faults=faults,
+            gate=self.gate,
         )
+
+    @contextlib.asynccontextmanager
+    async def staging_paused(self) -> AsyncIterator[None]:
+        await asyncio.to_thread(self.gate.hold)
+        try:
+            yield
+        finally:
+            self.gate.release()
 
     def set_weight_version(self, version: int) -> None:
         """The trainer synced new weights: later calls of every worker record this version."""

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -108,6 +109,45 @@ class AttemptResult:
     token_count: int
     """Tokens the model generated over all calls (environment text excluded)."""
     error: str | None = None
+
+
+class StagingGate:
+    """Holds staging back while a data-plane checkpoint saves, after the puts in flight end.
+
+    A checkpoint saves the data plane's rows with a digest; a put landing meanwhile would make
+    the digest describe rows that were not saved. Workers put through `staging()`; the
+    checkpoint calls `hold()` (blocking: run it in a thread) and `release()` after.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._puts = 0
+        self._holds = 0
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[None]:
+        with self._changed:
+            while self._holds:
+                self._changed.wait()
+            self._puts += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._puts -= 1
+                self._changed.notify_all()
+
+    def hold(self) -> None:
+        """Stop new puts; return once none is in flight."""
+        with self._changed:
+            self._holds += 1
+            while self._puts:
+                self._changed.wait()
+
+    def release(self) -> None:
+        with self._changed:
+            self._holds -= 1
+            self._changed.notify_all()
 
 
 @dataclass
@@ -233,8 +273,11 @@ class RolloutWorker:
         weight_version: int = 0,
         faults: FaultPlan | None = None,
         on_delta: TokenObserver | None = None,
+        gate: StagingGate | None = None,
     ) -> None:
         self.engine = engine
+        self.gate = gate or StagingGate()
+        """Shared by the workers of one pool: a checkpoint holds their puts back."""
         self.log = log
         self.data_plane = data_plane
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -479,7 +522,7 @@ class RolloutWorker:
         if self._killed is not None:
             raise self._killed
         started = time.perf_counter()
-        await asyncio.to_thread(self.data_plane.put_rows, self.partition, {key: row}, {key: tags})
+        await asyncio.to_thread(self._put, key, row, tags)
         self.stats.stage_wait_s += time.perf_counter() - started
         self.stats.staged_rows += 1
         run.staging_keys.append(key)
@@ -490,6 +533,10 @@ class RolloutWorker:
             token_count=len(ids),
             weight_version=weight_version,
         )
+
+    def _put(self, key: str, row: dict[str, torch.Tensor], tags: dict[str, str]) -> None:
+        with self.gate.staging():
+            self.data_plane.put_rows(self.partition, {key: row}, {key: tags})
 
     async def _fail(self, run: _Run, exc: Exception) -> AttemptResult:
         """Record GenerationFailed; if even that fails the stream stays open (= abandoned)."""
