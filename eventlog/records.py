@@ -36,7 +36,11 @@ class Proposed(msgspec.Struct, frozen=True):
 
 
 class AppendRequest(msgspec.Struct, frozen=True):
-    """Events for one stream, appended only if the stream is at `expected_version`."""
+    """Events for one stream, appended only if the stream is at `expected_version`.
+
+    With no events it appends nothing but still requires the version: a fence that the
+    other requests of the same atomic batch depend on.
+    """
 
     stream: str
     events: Sequence[Event | Proposed]

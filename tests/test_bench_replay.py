@@ -42,7 +42,7 @@ def test_generated_run_log_verifies_folds_to_its_checkpoint_digests_and_is_cache
         last = run.manifest["checkpoints"][-1]["seq"]
         assert log.load_snapshot(SNAPSHOT_NAME, None) is not None
         assert log.load_snapshot(SNAPSHOT_NAME, None)[0] == last  # type: ignore[index]
-        reopened = RecoveryLedger.open(log, InMemoryDataPlane()).digest()
+        reopened = RecoveryLedger.open(log, InMemoryDataPlane(), read_only=True).digest()
         assert reopened == state_digest(state)
     types = run.manifest["types"]
     for kind in ("GenerationFailed", "RetryPrepared", "GroupSealed", "StaleResultRejected"):

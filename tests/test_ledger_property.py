@@ -223,6 +223,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if self.attempt(lambda cut: self.h.ledger.start_finalization(cut, gid, owner="f")) is None:
             return
         if outcome == "finalized":
+            self.h.put_canonical_rows(gid)
             self.attempt(
                 lambda cut: self.h.ledger.finalize(cut, gid, owner="f", min_weight_version=0)
             )
@@ -236,6 +237,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.attempt(lambda cut: self.h.ledger.start_finalization(cut, gid, owner="g"))
                 is None
             )
+            self.h.put_canonical_rows(gid)
             self.attempt(
                 lambda cut: self.h.ledger.finalize(cut, gid, owner="f", min_weight_version=0)
             )
@@ -314,9 +316,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 checkpoint_step=step, checkpoint_seq=seq, rolled_back_from_seq=seq + 1
             )
             self.h.log.append(CONTROLLER_STREAM, [started], controller[-1].version)
-            assert RecoveryLedger.open(self.h.log, self.h.data_plane).digest() == (
-                controller_digest(checkpoints, step)
-            )
+            reopened = RecoveryLedger.open(self.h.log, self.h.data_plane, read_only=True)
+            assert reopened.digest() == (controller_digest(checkpoints, step))
         self.h.fresh_process()
         plan = self.h.run(lambda cut: self.h.ledger.restore(cut, self.h.dataset, step=step))
         del self.checkpoints[at + 1 :]  # restoring rolled the later checkpoints back
@@ -332,7 +333,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def live_state_equals_the_state_rebuilt_from_the_log(self) -> None:
-        rebuilt = RecoveryLedger.open(self.h.log, InMemoryDataPlane())
+        rebuilt = RecoveryLedger.open(self.h.log, InMemoryDataPlane(), read_only=True)
         assert rebuilt.state == self.h.ledger.state
 
     @invariant()

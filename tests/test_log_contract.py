@@ -143,6 +143,45 @@ def test_failing_request_in_a_batch_leaves_nothing(log: EventLog) -> None:
     assert log.stream_version("new") is None
 
 
+def test_a_request_without_events_asserts_a_version_and_appends_nothing(log: EventLog) -> None:
+    """ "Append nothing, but require stream S at version v": a fence for the rest of a batch."""
+    log.append("fence", notes("epoch 1"), NO_STREAM)
+    landed = log.append_batch(
+        [AppendRequest("fence", [], 0), AppendRequest("work", notes("a"), NO_STREAM)]
+    )
+    assert [(r.stream, r.seqs, r.versions) for r in landed] == [
+        ("fence", [], []),
+        ("work", [2], [0]),
+    ]
+    assert log.append("absent", [], NO_STREAM).seqs == []
+    log.append("fence", notes("epoch 2"), 0)
+    for expected in (0, NO_STREAM):
+        with pytest.raises(ConcurrencyError, match="'fence': expected") as caught:
+            log.append_batch(
+                [AppendRequest("fence", [], expected), AppendRequest("work", notes("b"), 0)]
+            )
+        assert (caught.value.stream, caught.value.actual) == ("fence", 1)
+    with pytest.raises(ConcurrencyError, match="found no stream"):
+        log.append("absent", [], 0)
+    assert log.head() == 3
+    assert log.stream_version("work") == 0
+    assert log.stream_version("absent") is None
+
+
+def test_an_async_request_without_events_asserts_a_version_too(log: EventLog) -> None:
+    log.append("fence", notes("epoch 1"), NO_STREAM)
+
+    async def main() -> None:
+        await log.append_batch_async([AppendRequest("fence", [], 0)])
+        with pytest.raises(ConcurrencyError):
+            await log.append_batch_async(
+                [AppendRequest("fence", [], NO_STREAM), AppendRequest("w", notes("x"), NO_STREAM)]
+            )
+
+    asyncio.run(main())
+    assert log.head() == 1
+
+
 def test_invalid_items_are_rejected_before_anything_is_written(log: EventLog) -> None:
     with pytest.raises(InvalidEventError, match="item 1 is a dict"):
         log.append("s", [LogNote(text="ok"), {"text": "not an event"}])  # type: ignore[list-item]

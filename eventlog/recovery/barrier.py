@@ -44,13 +44,19 @@ class LiveCut(Protocol):
 class Cut:
     """Proof that its holder is inside a barrier section; dead once the section exits."""
 
-    __slots__ = ("_barrier_name", "_live", "kind", "serial")
+    __slots__ = ("_barrier", "_barrier_name", "_live", "kind", "serial")
 
-    def __init__(self, kind: str, serial: int, barrier_name: str) -> None:
+    def __init__(self, kind: str, serial: int, barrier: MutationBarrier) -> None:
         self.kind = kind
         self.serial = serial
-        self._barrier_name = barrier_name
+        self._barrier = barrier
+        self._barrier_name = barrier.name
         self._live = True
+
+    @property
+    def barrier(self) -> MutationBarrier:
+        """The barrier whose section handed out this cut."""
+        return self._barrier
 
     @property
     def live(self) -> bool:
@@ -123,6 +129,27 @@ class MutationBarrier:
         """The exclusive section: blocks new mutations, drains active ones, then enters."""
         return _Section(self, CHECKPOINT)
 
+    def require_own(self, cut: object) -> Cut:
+        """`cut`, if it is a live cut this barrier handed out; else BarrierError.
+
+        What a holder of state guarded by this barrier checks: a cut of another barrier (or
+        an object that merely has a `require_live` method) proves nothing about this one.
+        """
+        if not isinstance(cut, Cut):
+            raise BarrierError(
+                f"barrier {self.name!r}: expected a cut this barrier handed out, found a "
+                f"{type(cut).__name__}",
+                hint="take one with `async with barrier.mutation(kind) as cut:`",
+            )
+        if cut.barrier is not self:
+            raise BarrierError(
+                f"barrier {self.name!r}: cut #{cut.serial} ({cut.kind}) was handed out by "
+                f"another barrier ({cut.barrier.name!r}); it does not hold this one",
+                hint="pass a cut of the barrier this ledger is bound to",
+            )
+        cut.require_live()
+        return cut
+
     def __repr__(self) -> str:
         return (
             f"MutationBarrier({self.name!r}, active_mutations={self._active_mutations}, "
@@ -179,7 +206,7 @@ class MutationBarrier:
                 self._waiting_checkpoints -= 1
                 self._wake_all()
             self._checkpoint_active = True
-        cut = Cut(kind, next(self._serials), self.name)
+        cut = Cut(kind, next(self._serials), self)
         logger.debug("barrier %r: entered %r", self.name, cut)
         return cut
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventlog.errors import EventLogError, InputError
+from eventlog.errors import ConcurrencyError, EventLogError, InputError
 
 
 class LedgerRuleError(EventLogError):
@@ -15,6 +15,27 @@ class BarrierError(EventLogError):
 
 class ReconciliationError(EventLogError):
     """The log and the data plane disagree in a way restore must not paper over."""
+
+
+class ControllerFencedError(ConcurrencyError):
+    """Another controller took a newer fencing epoch: this ledger's command appended nothing.
+
+    A ConcurrencyError on the epoch stream, with both epochs named; reopen or restore the
+    ledger (which takes a newer epoch in turn) only if this controller should take over.
+    """
+
+    def __init__(self, stream: str, *, held_epoch: int, current_epoch: int, by: str) -> None:
+        super().__init__(stream, held_epoch - 1, current_epoch - 1)
+        self.held_epoch = held_epoch
+        self.current_epoch = current_epoch
+        self.args = (
+            f"this controller holds fencing epoch {held_epoch}, but epoch {current_epoch} "
+            f"was taken{by} (stream {stream!r}); it is superseded and appended nothing",
+        )
+
+
+class ProjectionVersionError(ReconciliationError):
+    """A checkpoint was written by code with another projection version (not a divergence)."""
 
 
 class ConfigError(InputError):

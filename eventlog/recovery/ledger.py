@@ -7,8 +7,14 @@ raises typed violations that `_ledger_error` maps to LedgerRuleError / StaleAtte
 appends them atomically with the stream versions this ledger knows, and only then adopts the
 copy. Checkpoint and restore (eventlog.recovery.checkpoint, .restore) return the events they
 want appended and commit through the same path. A rejected command raises a typed error and
-appends nothing. A second controller writing the same streams makes the append fail with
-ConcurrencyError; the ledger then refuses further commands until it is reopened.
+appends nothing.
+
+Fencing: opening or restoring the ledger takes a fencing epoch (ControllerEpochStarted on
+`controller/epoch`, conditional on the version read), and every append asserts that stream's
+version in the same atomic append_batch. A superseded controller's next command fails with
+ControllerFencedError naming both epochs and appends nothing; the ledger then refuses commands
+until it is reopened or restored. A ledger is bound to one barrier (given, or the first cut's):
+a cut of another barrier, a stale one, or anything else is refused (BarrierError).
 
 The ledger itself keeps only the preconditions that need something the fold cannot see:
 
@@ -27,6 +33,8 @@ which appends `StaleResultRejected` to the group's stream.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -38,10 +46,10 @@ from eventlog.errors import ConcurrencyError, InvalidEventError
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
-from eventlog.recovery.barrier import LiveCut
+from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.checkpoint import check_rows, checkpoint_event, fold_until, save_snapshot
 from eventlog.recovery.config import DEFAULT_STAGING_PARTITION, RecoveryConfig, resolve_granularity
-from eventlog.recovery.errors import LedgerRuleError, StaleAttemptError
+from eventlog.recovery.errors import ControllerFencedError, LedgerRuleError, StaleAttemptError
 from eventlog.recovery.replay_ownership import ReplayOwnership
 from eventlog.recovery.restore import (
     Dataset,
@@ -53,10 +61,12 @@ from eventlog.recovery.restore import (
 )
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
+    EPOCH_STREAM,
     AttemptFailed,
     AttemptRef,
     CheckpointCommitted,
     ClearedKey,
+    ControllerEpochStarted,
     FinalizationStarted,
     FinalizationUnknown,
     Granularity,
@@ -96,9 +106,6 @@ __all__ = ["Cut", "FinalizationInputs", "RecoveryLedger", "SiblingResult"]
 
 logger = logging.getLogger(__name__)
 
-
-Cut = LiveCut
-"""What the ledger needs of a barrier cut (eventlog.recovery.barrier.Cut is one)."""
 
 Append = tuple[str, ExpectedVersion | None, Sequence[Event]]
 """One append of a commit: stream, expected version (None: the one this ledger knows), events."""
@@ -159,6 +166,7 @@ class RecoveryLedger:
         *,
         config: RecoveryConfig | None = None,
         staging_partition: str | None = None,
+        barrier: MutationBarrier | None = None,
     ) -> None:
         self.log = log
         self.data_plane = data_plane
@@ -174,6 +182,10 @@ class RecoveryLedger:
         self._prompts: dict[str, Prompt] = {}
         self._fenced: str | None = None
         self.replay = ReplayOwnership(self._require_state, self._commit)
+        self._barrier = barrier
+        self._superseded: ControllerFencedError | None = None
+        self._epoch_version: int | None = None
+        """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
         """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
     # -- loading ---------------------------------------------------------------------------
@@ -186,20 +198,63 @@ class RecoveryLedger:
         *,
         config: RecoveryConfig | None = None,
         staging_partition: str | None = None,
+        barrier: MutationBarrier | None = None,
+        read_only: bool = False,
     ) -> RecoveryLedger:
         """A ledger holding the log's current state (rolled-back records skipped).
 
         This continues a run whose process stopped without losing its data plane. After a
-        crash that took the data plane with it, use `restore` instead.
+        crash that took the data plane with it, use `restore` instead. Opening takes a new
+        fencing epoch: a controller that still holds an older one can append nothing more.
+        `barrier` binds the ledger to it (None: to the barrier of the first cut it is given).
+        `read_only` (audits, comparisons) takes no epoch, so it fences nobody and refuses
+        every command.
         """
-        ledger = cls(log, data_plane, config=config, staging_partition=staging_partition)
-        ledger._load()
+        ledger = cls(
+            log, data_plane, config=config, staging_partition=staging_partition, barrier=barrier
+        )
+        head = ledger._load()
+        if read_only:
+            return ledger
+        stream, expected, events = ledger._next_epoch("open")
+        (taken,) = ledger._append([AppendRequest(stream, events, expected)])
+        if taken.seqs[0] != head + 1:
+            # Something was appended between the fold and the epoch (by the superseded epoch,
+            # or a worker): it all precedes the epoch, so folding again sees all of it.
+            ledger._load()
         return ledger
 
-    def _load(self) -> None:
+    def _load(self) -> int:
         head = self.log.head()
         _, self._skipped = controller_history(self.log, head)
         self._state, self._versions = fold_until(self.log, head, self._skipped)
+        return head
+
+    @property
+    def epoch(self) -> int | None:
+        """This controller's fencing epoch (None before open or restore took one)."""
+        return None if self._epoch_version is None else self._epoch_version + 1
+
+    def _next_epoch(self, reason: str) -> tuple[str, ExpectedVersion, list[Event]]:
+        """The conditional append that takes the epoch after the newest one in the log."""
+        version = self.log.stream_version(EPOCH_STREAM)
+        event = ControllerEpochStarted(
+            epoch=1 if version is None else version + 2,
+            reason=reason,
+            process=f"{socket.gethostname()}:{os.getpid()}",
+        )
+        return EPOCH_STREAM, NO_STREAM if version is None else version, [event]
+
+    def _require_cut(self, cut: Cut) -> Cut:
+        """A live cut of the barrier this ledger is bound to (bound by the first cut if unset)."""
+        if self._barrier is None and isinstance(cut, Cut):
+            self._barrier = cut.barrier
+        if self._barrier is None:
+            raise LedgerRuleError(
+                f"expected a live barrier cut, found a {type(cut).__name__}",
+                hint="async with barrier.mutation(kind) as cut: ledger.<command>(cut, ...)",
+            )
+        return self._barrier.require_own(cut)
 
     @property
     def state(self) -> LedgerState:
@@ -266,7 +321,9 @@ class RecoveryLedger:
         fold into instead of this ledger's (a restore's checkpoint state); it also lifts the
         fence, since a restore starts over from the log.
         """
-        cut.require_live()
+        self._require_cut(cut)
+        if base is None and self._superseded is not None:
+            raise self._superseded
         if base is None and self._fenced is not None:
             raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
         trial = (self._require_state() if base is None else base).copy()
@@ -280,17 +337,56 @@ class RecoveryLedger:
             for s, v, evs in appends
             if evs
         ]
-        try:
-            results = self.log.append_batch(requests)
-        except ConcurrencyError as exc:
-            self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
-            raise
-        for result in results:
-            self._versions[result.stream] = result.versions[-1]
+        results = self._append(requests)
         self._state = trial
         if base is not None:
             self._fenced = None
+            self._superseded = None
+        return [r for r in results if r.stream != EPOCH_STREAM]
+
+    def _append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """One atomic append_batch, conditional on this ledger's fencing epoch.
+
+        The epoch stream is asserted first, with no events (the log's "append nothing, but
+        require stream S at version v"), unless the batch takes a new epoch itself; so a
+        superseded controller fails on the epoch, not on whichever stream it touched.
+        """
+        taking = any(r.stream == EPOCH_STREAM for r in requests)
+        if not taking:
+            if self._epoch_version is None:
+                raise LedgerRuleError(
+                    "the ledger holds no fencing epoch (opened read_only?): commands need "
+                    "RecoveryLedger.open(...) or restore(...)"
+                )
+            requests = [AppendRequest(EPOCH_STREAM, [], self._epoch_version), *requests]
+        try:
+            results = self.log.append_batch(requests)
+        except ConcurrencyError as exc:
+            if exc.stream == EPOCH_STREAM and not taking and self._epoch_version is not None:
+                self._superseded = self._fenced_error(self._epoch_version, exc.actual)
+                self._fenced = str(self._superseded)
+                raise self._superseded from None
+            self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
+            raise
+        for result in results:
+            if result.versions:
+                self._versions[result.stream] = result.versions[-1]
+            if result.stream == EPOCH_STREAM and result.versions:
+                self._epoch_version = result.versions[-1]
         return results
+
+    def _fenced_error(self, held: int, found: int | None) -> ControllerFencedError:
+        """Name both epochs, and who took the newer one (the epoch stream's last record)."""
+        by = ""
+        newest = next(self.log.read_stream_backwards(EPOCH_STREAM, page_size=1), None)
+        if newest is not None and isinstance(newest.event, ControllerEpochStarted):
+            by = f" at seq {newest.seq} by {newest.event.process or '?'} ({newest.event.reason})"
+        return ControllerFencedError(
+            EPOCH_STREAM,
+            held_epoch=held + 1,
+            current_epoch=(found if found is not None else -1) + 1,
+            by=by,
+        )
 
     def _commit_group(self, cut: Cut, group_id: str, events: Sequence[Event]) -> None:
         self._commit(cut, [(group_stream(group_id), None, events)])
@@ -322,7 +418,7 @@ class RecoveryLedger:
         a dataset whose prompt changed under the same id; turn it off for prompts that are
         not JSON (tensors): identity is then prompt_id and task_name only.
         """
-        cut.require_live()
+        self._require_cut(cut)
         state = self._require_state()
         where = f"group {group_id!r}"
         prompt_id = prompt.get("prompt_id") if isinstance(prompt, Mapping) else None
@@ -603,7 +699,7 @@ class RecoveryLedger:
 
     def prepare_retry(self, cut: Cut, group_id: str) -> list[AttemptRef]:
         """Mint the next attempt for every failed or abandoned sibling (none: no-op)."""
-        cut.require_live()
+        self._require_cut(cut)
         events = retry_events(self.group(group_id))
         if events:
             self._commit_group(cut, group_id, events)
@@ -658,7 +754,7 @@ class RecoveryLedger:
         dispatched attempt may still be staging. Appended first, deleted after: a crash in
         between leaves unreferenced rows that the next restore clears.
         """
-        cut.require_live()
+        self._require_cut(cut)
         state = self._require_state()
         present = self.data_plane.list_keys(self.staging_partition)
         owned = referenced_keys(state)
@@ -700,8 +796,8 @@ class RecoveryLedger:
         staging row exists, saves the data plane's checkpoint under `directory`, appends
         CheckpointCommitted and stores a projection snapshot at its seq.
         """
-        cut.require_live()
-        if getattr(cut, "exclusive", True) is False:
+        self._require_cut(cut)
+        if not cut.exclusive:
             raise LedgerRuleError(
                 "checkpoint needs the barrier's exclusive checkpoint cut, found a mutation cut",
                 hint="async with barrier.checkpoint() as cut: ledger.checkpoint(cut, ...)",
@@ -740,10 +836,15 @@ class RecoveryLedger:
         StagingCleared and RestoreCompleted; reconciles the staging rows and rehydrates every
         prompt, then returns the plan (see eventlog.recovery.restore).
         """
-        cut.require_live()
         prepared = prepare_restore(self.log, self.data_plane, self.staging_partition, dataset, step)
+        self._require_cut(cut)
         try:
-            (started,) = self._commit(cut, [prepared.start], base=prepared.state)
+            (started,) = self._commit(
+                cut,
+                # RestoreStarted first: its seq closes the rolled-back range; the epoch follows.
+                [prepared.start, self._next_epoch("restore")],
+                base=prepared.state,
+            )
             plan, skipped, appends = finish_restore(prepared, started.seqs[0], started.versions[-1])
             self._versions = {**prepared.versions, CONTROLLER_STREAM: started.versions[-1]}
             self._skipped = skipped

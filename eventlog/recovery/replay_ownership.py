@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from eventlog.events import Event
-from eventlog.recovery.barrier import LiveCut
+from eventlog.recovery.barrier import Cut
 from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
@@ -22,7 +22,7 @@ from eventlog.recovery.vocabulary import (
 )
 from projections.siblings import LedgerState, ReplayEntry, ReplayStatus
 
-Commit = Callable[[LiveCut, Sequence[tuple[str, None, Sequence[Event]]]], object]
+Commit = Callable[[Cut, Sequence[tuple[str, None, Sequence[Event]]]], object]
 """The ledger's one commit path: validate by folding, append atomically, adopt."""
 
 
@@ -38,14 +38,14 @@ class ReplayOwnership:
         replay = self._state().replay
         return [e for e in replay.values() if status is None or e.status == status]
 
-    def _append(self, cut: LiveCut, event: Event) -> None:
+    def _append(self, cut: Cut, event: Event) -> None:
         self._commit(cut, [(REPLAY_STREAM, None, [event])])
 
-    def select(self, cut: LiveCut, group_ids: Sequence[str], *, step: int) -> None:
+    def select(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> None:
         """Pick ready groups to train `step`; every id must be owned and ready."""
         self._append(cut, ReplaySelected(group_ids=list(group_ids), step=step))
 
-    def release(self, cut: LiveCut, group_ids: Sequence[str], *, reason: str) -> None:
+    def release(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> None:
         """Return selected groups to the buffer untrained."""
         self._append(cut, ReplayReleased(group_ids=list(group_ids), reason=reason))
 
@@ -61,14 +61,14 @@ class ReplayOwnership:
             present.append(gid)
         return present
 
-    def consume(self, cut: LiveCut, group_ids: Sequence[str], *, step: int) -> list[str]:
+    def consume(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> list[str]:
         """Selected groups trained at `step`; returns the ids removed (absent ones skipped)."""
         present = self._present(group_ids, "selected", "consume")
         if present:
             self._append(cut, ReplayConsumed(group_ids=present, step=step))
         return present
 
-    def evict(self, cut: LiveCut, group_ids: Sequence[str], *, reason: str) -> list[str]:
+    def evict(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> list[str]:
         """Drop ready groups untrained; returns the ids removed (absent ones skipped)."""
         present = self._present(group_ids, "ready", "evict")
         if present:

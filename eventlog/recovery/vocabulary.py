@@ -25,6 +25,8 @@ from eventlog.events import Event, event_type
 
 CONTROLLER_STREAM = "controller"
 REPLAY_STREAM = "replay"
+EPOCH_STREAM = "controller/epoch"
+"""Fencing: one ControllerEpochStarted per controller incarnation; epoch n sits at version n-1."""
 
 
 class Granularity(enum.StrEnum):
@@ -357,6 +359,22 @@ class RestoreCompleted(Event, frozen=True, kw_only=True):
     siblings_reused: int
     siblings_redispatched: int
     rows_cleared: int
+
+
+@event_type
+class ControllerEpochStarted(Event, frozen=True, kw_only=True):
+    """A controller opened or restored the ledger and took fencing epoch `epoch`.
+
+    Every later ledger append asserts the epoch stream is still at this event's version, in
+    the same atomic append, so a superseded controller's next command appends nothing.
+    """
+
+    schema: ClassVar[int] = 1
+    epoch: Annotated[int, msgspec.Meta(ge=1)]
+    reason: NonEmpty
+    """`open` or `restore`."""
+    process: str = ""
+    """host:pid of the controller, for the audit."""
 
 
 # --- stream attempt/<rollout_id> (written by workers) ----------------------------------------

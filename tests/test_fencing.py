@@ -1,0 +1,265 @@
+"""Fencing: a controller that opens or restores the ledger supersedes every older one.
+
+The takeover runs in a second real process (the way a restarted controller meets a zombie),
+on both backends; a superseded controller's next command is a ControllerFencedError naming
+both epochs and appends nothing. A ledger is bound to its barrier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from eventlog import EventLog
+from eventlog.dataplane.memory import InMemoryDataPlane
+from eventlog.errors import ConcurrencyError
+from eventlog.recovery.barrier import Cut, MutationBarrier
+from eventlog.recovery.errors import BarrierError, ControllerFencedError, LedgerRuleError
+from eventlog.recovery.ledger import RecoveryLedger
+from eventlog.recovery.vocabulary import EPOCH_STREAM, ControllerEpochStarted, PromptRef
+from tests.fixtures.ledger import Harness, make_prompt
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from eventlog import EventLog
+    from eventlog.recovery.barrier import MutationBarrier
+    from eventlog.dataplane.memory import InMemoryDataPlane
+    from eventlog.recovery.ledger import RecoveryLedger
+    from eventlog.recovery.vocabulary import PromptRef
+
+    class Dataset:
+        def __init__(self, prompts): self.prompts = prompts
+        def get(self, sample_id): return self.prompts[sample_id]
+
+    async def main():
+        target, mode, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+        barrier = MutationBarrier()
+        with EventLog.open(target) as log:
+            data_plane = InMemoryDataPlane()
+            if mode == "open":
+                ledger = RecoveryLedger.open(log, data_plane, barrier=barrier)
+            else:
+                ledger = RecoveryLedger(log, data_plane, barrier=barrier)
+                async with barrier.mutation("recovery_restore") as cut:
+                    ledger.restore(cut, Dataset(prompts))
+            prompt = {"prompt_id": "p-gB", "task_name": "math", "text": "qgB"}
+            async with barrier.mutation("reserve") as cut:
+                ledger.reserve(
+                    cut, group_id="gB", prompt=prompt,
+                    prompt_ref=PromptRef(sample_id="gB", task_name="math"),
+                    expected_generations=1, start_weight_version=0, admitted=True,
+                    target_step=0, granularity="sibling",
+                )
+            print(json.dumps({"epoch": ledger.epoch, "head": log.head()}))
+
+    asyncio.run(main())
+    """
+)
+
+
+def take_over(target: str, mode: str, prompts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Controller B, in its own process: open (or restore) the ledger and reserve group gB."""
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, target, mode, json.dumps(prompts or {})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert child.returncode == 0, child.stderr
+    out: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    return out
+
+
+class Controller:
+    """Controller A: a ledger on `target` with its own barrier, run section by section."""
+
+    def __init__(self, target: str) -> None:
+        self.log = EventLog.open(target)
+        self.barrier = MutationBarrier()
+        self.ledger = RecoveryLedger.open(self.log, InMemoryDataPlane(), barrier=self.barrier)
+
+    def run(self, fn: Callable[[Cut], T]) -> T:
+        async def section() -> T:
+            async with self.barrier.mutation("test") as cut:
+                return fn(cut)
+
+        return asyncio.run(section())
+
+    def reserve(self, group_id: str) -> None:
+        self.run(
+            lambda cut: self.ledger.reserve(
+                cut,
+                group_id=group_id,
+                prompt=make_prompt(group_id),
+                prompt_ref=PromptRef(sample_id=group_id, task_name="math"),
+                expected_generations=1,
+                start_weight_version=0,
+                admitted=True,
+                target_step=0,
+                granularity="sibling",
+            )
+        )
+
+
+@pytest.fixture
+def controller(log_target: str) -> Iterator[Controller]:
+    a = Controller(log_target)
+    try:
+        yield a
+    finally:
+        a.log.close()
+
+
+def test_a_controller_opened_in_another_process_fences_the_first(
+    controller: Controller, log_target: str
+) -> None:
+    a = controller
+    a.reserve("g1")
+    assert a.ledger.epoch == 1
+    b = take_over(log_target, "open")
+    assert b["epoch"] == 2
+    head = a.log.head()
+    assert head == b["head"]
+    with pytest.raises(ControllerFencedError) as caught:
+        a.reserve("g2")  # the zombie's next command
+    err = caught.value
+    assert (err.held_epoch, err.current_epoch) == (1, 2)
+    assert "fencing epoch 1, but epoch 2 was taken" in str(err)
+    assert "(open)" in str(err)
+    assert isinstance(err, ConcurrencyError) and err.stream == EPOCH_STREAM
+    with pytest.raises(ControllerFencedError, match="epoch 1, but epoch 2"):
+        a.run(lambda cut: a.ledger.dispatch(cut, "g1"))
+    assert a.log.head() == head
+    assert a.log.stream_version("group/g2") is None
+    epochs = [r.event for r in a.log.read_stream(EPOCH_STREAM)]
+    assert [(e.epoch, e.reason) for e in epochs if isinstance(e, ControllerEpochStarted)] == [
+        (1, "open"),
+        (2, "open"),
+    ]
+    # B's view is the log's: a full fold holds gB and g1, nothing of the zombie.
+    folded = RecoveryLedger.open(a.log, InMemoryDataPlane(), read_only=True).state
+    assert sorted(folded.groups) == ["g1", "gB"]
+
+
+def test_a_controller_restored_in_another_process_fences_the_first(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    b = take_over(str(h.path), "restore", {k: dict(v) for k, v in h.dataset.prompts.items()})
+    assert b["epoch"] == 2
+    rid = h.rollout_id("g1", 1)
+    receipt = h.stage(rid)  # the worker's records are not the controller's
+    head = h.log.head()
+    with pytest.raises(ControllerFencedError, match=r"epoch 1, but epoch 2 .*\(restore\)"):
+        h.run(
+            lambda cut: h.ledger.seal_sibling(
+                cut, "g1", 1, rollout_id=rid, receipt=receipt, reward=1.0, mask_sample=False
+            )
+        )
+    assert h.log.head() == head
+    # The zombie's checkpoint is refused too, so no snapshot can drop B's group.
+    with pytest.raises(ControllerFencedError):
+        h.checkpoint(2)
+    assert h.log.head() == head
+    assert "gB" in RecoveryLedger.open(h.log, h.data_plane, read_only=True).state.groups
+
+
+def test_reopening_takes_a_newer_epoch_that_fences_the_process_that_took_over(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.reserve("g1")
+    take_over(str(h.path), "open")
+    h.reopen()  # an operator decides this controller takes over again
+    assert h.ledger.epoch == 3
+    h.reserve("g2")
+    assert {"g1", "g2", "gB"} <= set(h.ledger.state.groups)
+
+
+def test_a_read_only_ledger_takes_no_epoch_and_refuses_commands(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1")
+    head = h.log.head()
+    viewer = RecoveryLedger.open(h.log, h.data_plane, read_only=True)
+    assert viewer.epoch is None and h.log.head() == head
+    with pytest.raises(LedgerRuleError, match="no fencing epoch"):
+        h.run(lambda cut: viewer.dispatch(cut, "g1"))
+    assert h.log.head() == head
+    h.dispatch("g1")  # the controller is not fenced by a viewer
+
+
+class HandMade:
+    """Not a cut: it only has the method a duck-typed check would look for."""
+
+    def require_live(self) -> None:
+        return None
+
+    exclusive = True
+
+
+def test_a_ledger_refuses_cuts_of_another_barrier_and_hand_made_ones(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1")  # binds the ledger to h.barrier
+    head = h.log.head()
+    other = MutationBarrier("other")
+
+    async def with_other() -> None:
+        async with other.mutation("dispatch") as cut:
+            h.ledger.dispatch(cut, "g1")
+
+    with pytest.raises(BarrierError, match="another barrier"):
+        asyncio.run(with_other())
+
+    async def checkpoint_of_other() -> None:
+        async with other.checkpoint() as cut:
+            h.ledger.checkpoint(cut, step=1, directory=str(h.path.parent / "x"))
+
+    with pytest.raises(BarrierError, match="another barrier"):
+        asyncio.run(checkpoint_of_other())
+    with pytest.raises(BarrierError, match="found a HandMade"):
+        h.ledger.dispatch(HandMade(), "g1")  # type: ignore[arg-type]
+    with pytest.raises(BarrierError, match="found a HandMade"):
+        h.ledger.checkpoint(HandMade(), step=1, directory=str(h.path.parent / "x"))  # type: ignore[arg-type]
+    assert h.log.head() == head
+    h.dispatch("g1")  # its own barrier still works
+
+
+def test_a_ledger_bound_at_open_refuses_even_its_first_foreign_cut(tmp_path: Path) -> None:
+    bound, other = MutationBarrier("bound"), MutationBarrier("other")
+    with EventLog.open(tmp_path / "run.db") as log:
+        ledger = RecoveryLedger.open(log, InMemoryDataPlane(), barrier=bound)
+        head = log.head()
+
+        async def reserve() -> None:
+            async with other.mutation("reserve") as cut:
+                ledger.reserve(
+                    cut,
+                    group_id="g1",
+                    prompt=make_prompt("g1"),
+                    prompt_ref=PromptRef(sample_id="g1", task_name="math"),
+                    expected_generations=1,
+                    start_weight_version=0,
+                    admitted=True,
+                    granularity="sibling",
+                )
+
+        with pytest.raises(BarrierError, match=r"'other'.*does not hold this one"):
+            asyncio.run(reserve())
+        assert log.head() == head
