@@ -14,6 +14,9 @@ concurrency) with no log and no staging. Reported per cell (medians over repeats
   on a machine where CPU is the bottleneck. The target is < 2 %;
 - ``overhead``: 1 - worker tokens/s / engine-only tokens/s, best repeat of each (log +
   staging + reward together).
+- ``progress_events``: GenerationProgress records written inside calls, at most one per
+  attempt per ``--progress-every`` seconds (the worker's default unless given; a small value
+  stresses the bound: what a long real generation would write over its whole length).
 
 `python -m bench.rollout [--quick] [--model DIR]`, or through `python -m bench` once listed
 there. Results go to <out_dir>/rollout.json and rollout.machine.json.
@@ -39,7 +42,7 @@ from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.log import Durability
 from eventlog.rollout.agents import get_agent
 from eventlog.rollout.sampling import Sampling, TokenEngine
-from eventlog.rollout.worker import RolloutWorker, WorkerStats
+from eventlog.rollout.worker import DEFAULT_PROGRESS_EVERY_S, RolloutWorker, WorkerStats
 
 PROMPTS = (
     "Question: what is 2 + 3? Answer:",
@@ -127,6 +130,7 @@ def measure(
     durability: Durability,
     repeats: int,
     work: Path,
+    progress_every: float | None = DEFAULT_PROGRESS_EVERY_S,
 ) -> dict[str, Any]:
     samples: list[dict[str, float]] = []
     for repeat in range(repeats):
@@ -135,13 +139,16 @@ def measure(
         path = work / f"{tag}.db"
         with EventLog.open(path, durability=durability) as log:
             worker = RolloutWorker(engine, log, InMemoryDataPlane(), worker_id="bench")
+            worker.progress_every_s = progress_every
             wall = asyncio.run(with_worker(worker, cell, tag))
             stats: WorkerStats = worker.stats
             log_cpu_s = log.cpu_seconds
+            progress = sum(1 for _ in log.read_records(types=["GenerationProgress"]))
         path.unlink(missing_ok=True)
         samples.append(
             {
                 "generated_tokens": stats.generated_tokens,
+                "progress_events": progress,
                 "engine_only_tokens": base_tokens,
                 "events": stats.events,
                 "appends": stats.appends,
@@ -171,6 +178,8 @@ def measure(
         "repeats": repeats,
         "generated_tokens": int(median("generated_tokens")),
         "events": int(median("events")),
+        "progress_every_s": progress_every,
+        "progress_events": int(median("progress_events")),
         "appends": int(median("appends")),
         "events_per_token": round(median("events") / median("generated_tokens"), 4),
         "worker_tokens_per_s_best": round(worker_rate, 1),
@@ -197,6 +206,7 @@ def run(
     out_dir: Path | None = None,
     workdir: Path | None = None,
     console: Console | None = None,
+    progress_every: float | None = DEFAULT_PROGRESS_EVERY_S,
     **_: Any,
 ) -> Results:
     """Run the rollout cells, print one line per cell, write <out_dir>/rollout.json."""
@@ -218,12 +228,12 @@ def run(
         asyncio.run(engine_only(engine, warm, "warmup"))  # first logprobs call compiles a kernel
         for cell in cells(quick):
             for durability in durabilities:
-                row = measure(engine, cell, durability, repeats, work)
+                row = measure(engine, cell, durability, repeats, work, progress_every)
                 results.rows.append(row)
                 console.print(
                     f"  {row['agent']:<16} {row['groups']:>3}x{row['siblings']:<3} "
                     f"tokens {row['max_tokens']:>3}x{row['calls']} {durability:<6} "
-                    f"{row['events_per_token']:.3f} ev/token  "
+                    f"{row['events_per_token']:.3f} ev/token ({row['progress_events']} progress)  "
                     f"log cpu {row['log_cpu_share']:.2%}  log share {row['log_share']:.1%}  "
                     f"overhead {row['overhead']:+.1%}  "
                     f"{row['worker_tokens_per_s_best']:,.0f} tok/s "
@@ -247,11 +257,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--model", help="local Hugging Face model directory (default: tiny)")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=DEFAULT_PROGRESS_EVERY_S,
+        metavar="S",
+        help="GenerationProgress at most every S seconds per attempt (0: on every token)",
+    )
     args = parser.parse_args(argv)
     out = args.out
     if out is None and args.quick:
         out = Path(tempfile.mkdtemp(prefix="eventlog-bench-quick-"))
-    run(quick=args.quick, repeats=args.repeats, model=args.model, out_dir=out)
+    run(
+        quick=args.quick,
+        repeats=args.repeats,
+        model=args.model,
+        out_dir=out,
+        progress_every=args.progress_every,
+    )
     return 0
 
 

@@ -410,6 +410,24 @@ class TokensStaged(Event, frozen=True, kw_only=True):
 
 
 @event_type
+class GenerationProgress(Event, frozen=True, kw_only=True):
+    """A worker is still generating an attempt, inside a model call: tokens so far.
+
+    Written at a bounded rate (at most one per attempt per worker progress interval), so a
+    long call shows in `tail -f`; an attempt whose last progress grows old is stuck. Only
+    audits read it: no fold's state depends on it.
+    """
+
+    schema: ClassVar[int] = 1
+    rollout_id: NonEmpty
+    call: Index
+    token_count: Annotated[int, msgspec.Meta(ge=0)]
+    """Tokens the model generated for the attempt so far, over all its calls."""
+    weight_version: int
+    """The worker's weight version when this was written (a sync may change it mid-call)."""
+
+
+@event_type
 class GenerationFinished(Event, frozen=True, kw_only=True):
     """A worker finished an attempt; the controller decides whether to seal it."""
 

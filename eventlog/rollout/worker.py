@@ -1,8 +1,9 @@
 """A rollout worker: runs attempts on one engine, stages their tokens, reports what it did.
 
 For each attempt the worker writes the stream ``attempt/<rollout_id>``:
-``GenerationStarted`` before the first token is asked for; one ``TokensStaged`` per model call,
-appended only after the data plane acknowledged that call's row (and before the next call
+``GenerationStarted`` before the first token is asked for; inside a long call, at most one
+``GenerationProgress`` (tokens so far) per `progress_every_s`; one ``TokensStaged`` per model
+call, appended only after the data plane acknowledged that call's row (and before the next call
 starts); then ``GenerationFinished`` (finish reason, generated tokens, reward, staging keys) or
 ``GenerationFailed`` (the error). The last call's ``TokensStaged`` shares one commit with the
 outcome: one fsync less per attempt on the critical path, same order in the stream. A row put
@@ -54,6 +55,7 @@ from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.recovery.vocabulary import (
     GenerationFailed,
     GenerationFinished,
+    GenerationProgress,
     GenerationStarted,
     Receipt,
     TokensStaged,
@@ -68,6 +70,8 @@ logger = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
+
+DEFAULT_PROGRESS_EVERY_S = 5.0
 
 TokenObserver = Callable[[str, int, SampleDelta], None]
 """Called with (rollout id, call index, delta) for every delta, before fault checks."""
@@ -216,6 +220,8 @@ class _Run:
     staging_keys: list[str] = field(default_factory=list)
     unrecorded: list[Event] = field(default_factory=list)
     """TokensStaged of the last call: its row is acknowledged; appended with the final event."""
+    progress_at: float = 0.0
+    """When the attempt last showed progress (its start, or its last GenerationProgress)."""
 
     def __post_init__(self) -> None:
         self.rollout_id = rollout_id_for(self.group_id, self.generation_index, self.attempt)
@@ -261,6 +267,12 @@ class _FanOut:
 
 class RolloutWorker:
     """Runs attempts on one engine; writes attempt streams and staging rows, never seals."""
+
+    progress_every_s: float | None = DEFAULT_PROGRESS_EVERY_S
+    """At most one GenerationProgress per attempt per this many seconds, written inside a
+    model call when a token arrives (None: none). Bounded so the log's share stays small."""
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    """The clock progress is timed by."""
 
     def __init__(
         self,
@@ -384,6 +396,7 @@ class RolloutWorker:
         results = await self._timed_append(self.log.append_batch_async(requests), len(requests))
         for run, result in zip(runs, results, strict=True):
             run.version = result.versions[-1]
+            run.progress_at = self.clock()
         self.stats.attempts += len(runs)
 
     async def _generate(
@@ -494,10 +507,29 @@ class RolloutWorker:
                 if delta.finish_reason is not None:
                     run.trajectory.extend(ids)
                     return ids, logprobs, delta.finish_reason
+                await self._progress(run, call)
         raise RolloutError(
             f"attempt {run.rollout_id!r}, call {call}: the engine stream ended without a "
             "finish_reason"
         )
+
+    async def _progress(self, run: _Run, call: int) -> None:
+        """GenerationProgress when `progress_every_s` has passed since the attempt's last sign
+        of life; one clock read per token otherwise."""
+        every = self.progress_every_s
+        if every is None:
+            return
+        now = self.clock()
+        if now - run.progress_at < every:
+            return
+        run.progress_at = now
+        progress = GenerationProgress(
+            rollout_id=run.rollout_id,
+            call=call,
+            token_count=len(run.generated),
+            weight_version=self.weight_version,
+        )
+        await self._append(run, progress)
 
     async def _stage(
         self,
