@@ -66,12 +66,29 @@ class GroupCommitWriter:
         try:
             if self._closed:  # checked under the leader lock, which `close` waits for
                 raise LogClosedError("the log is closed")
+            queued, _ = self._drain([], sum(len(r.events) for r in submission))
+            if not queued:  # alone: no future to build, settle and wait on
+                return self._commit_alone(submission)
             future: Future[Results] = Future()
-            items, _ = self._drain([(submission, future)])
-            self._commit(items)
+            self._commit([(submission, future), *queued])
         finally:
             self._leader.release()
         return future.result()
+
+    def _commit_alone(self, submission: Submission) -> Results:
+        started = time.thread_time()
+        try:
+            outcome = self._store.write([submission])[0]
+            self.batches += 1
+        except BaseException as exc:
+            if not isinstance(exc, EventLogError):
+                log.exception("append batch failed")
+            raise
+        finally:
+            self.cpu_seconds += time.thread_time() - started
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def submit_async(self, submission: Submission) -> asyncio.Future[Results]:
         """Queue a submission from a running loop; the future resolves on that loop."""
@@ -96,9 +113,9 @@ class GroupCommitWriter:
             if stop:
                 return
 
-    def _drain(self, items: list[_Item]) -> tuple[list[_Item], bool]:
+    def _drain(self, items: list[_Item], size: int = 0) -> tuple[list[_Item], bool]:
         """Take what is queued, up to the batch bound; True when the stop marker was seen."""
-        size = sum(len(r.events) for submission, _ in items for r in submission)
+        size += sum(len(r.events) for submission, _ in items for r in submission)
         while size < self._max_batch_events and not self._queue.empty():
             try:
                 item = self._queue.get_nowait()
