@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from eventlog.recovery.barrier import Cut, MutationBarrier
     from eventlog.recovery.config import RecoveryConfig, load_config, resolve_granularity
     from eventlog.recovery.ledger import RecoveryLedger, SiblingResult
+    from eventlog.recovery.outbox import AckReceiver, Outbox
     from eventlog.recovery.restore import Dataset, RestorePlan
 
 _EXPORTS = {
@@ -23,14 +24,18 @@ _EXPORTS = {
     "resolve_granularity": "eventlog.recovery.config",
     "RecoveryLedger": "eventlog.recovery.ledger",
     "SiblingResult": "eventlog.recovery.ledger",
+    "AckReceiver": "eventlog.recovery.outbox",
+    "Outbox": "eventlog.recovery.outbox",
     "Dataset": "eventlog.recovery.restore",
     "RestorePlan": "eventlog.recovery.restore",
 }
 
 __all__ = [
+    "AckReceiver",
     "Cut",
     "Dataset",
     "MutationBarrier",
+    "Outbox",
     "RecoveryConfig",
     "RecoveryLedger",
     "RestorePlan",

@@ -485,3 +485,37 @@ class ReplayEvicted(Event, frozen=True, kw_only=True):
     schema: ClassVar[int] = 1
     group_ids: list[NonEmpty]
     reason: str
+
+
+# --- stream outbox (acknowledgements to the agent environment) -------------------------------
+
+OUTBOX_STREAM = "outbox"
+"""Acknowledgements of sealed results; never rolled back: a send is a fact outside the run."""
+
+
+@event_type
+class AcknowledgementPending(Event, frozen=True, kw_only=True):
+    """A sealed result is owed an acknowledgement to the agent environment that produced it.
+
+    `key` is the idempotency key the receiver is told: one per result (log id and rollout
+    id), so a re-send after a crash is recognised by the receiver.
+    """
+
+    schema: ClassVar[int] = 1
+    key: NonEmpty
+    group_id: NonEmpty
+    generation_index: Index
+    rollout_id: NonEmpty
+    reward: float
+    mask_sample: bool
+    sealed_seq: Annotated[int, msgspec.Meta(ge=1)]
+    """The seal's record: while a restore has rolled it back, nothing is sent."""
+
+
+@event_type
+class AcknowledgementDelivered(Event, frozen=True, kw_only=True):
+    """The receiver accepted the acknowledgement `key`: it is never sent again."""
+
+    schema: ClassVar[int] = 1
+    key: NonEmpty
+    pending_seq: Annotated[int, msgspec.Meta(ge=1)]
