@@ -10,11 +10,13 @@ on a Ray it starts itself, under a temp root the parent cleans up by PID after a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -23,9 +25,11 @@ from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.demo.scenario import DemoDataset, demo_faults
 from eventlog.log import EventLog
-from eventlog.recovery.config import load_config
+from eventlog.recovery.config import RecoveryConfig, load_config
 from eventlog.rollout.controller import Controller, RunReport
 from eventlog.rollout.faults import FaultPlan
+from eventlog.rollout.pool import RolloutPool
+from eventlog.rollout.sampling import TokenEngine
 from eventlog.rollout.settings import LoopSettings
 
 logger = logging.getLogger("eventlog.demo.child")
@@ -60,6 +64,51 @@ def report_json(report: RunReport, **extra: object) -> dict[str, object]:
     }
 
 
+@contextlib.contextmanager
+def _workers(
+    kind: str,
+    target: str,
+    model: str,
+    config: RecoveryConfig,
+    settings: LoopSettings,
+    faults: FaultPlan,
+    log: EventLog,
+) -> Iterator[tuple[TokenEngine | None, RolloutPool | None]]:
+    """One vLLM engine in this process, or `settings.workers` rollout actors with one each.
+
+    Actors append their attempt streams themselves when the log is PostgreSQL (every host
+    reaches it) and forward them to this process's log otherwise.
+    """
+    if kind == "ray":
+        from eventlog.log import resolve_url
+        from eventlog.rollout.actor import (
+            ActorPool,
+            ActorSpec,
+            VllmEngineFactory,
+            start_actors,
+            stop_actors,
+        )
+
+        direct = resolve_url(target).get_backend_name() == "postgresql"
+        spec = ActorSpec(
+            engine=VllmEngineFactory(model, settings.seed),
+            route="direct" if direct else "forwarded",
+            log_target=target if direct else None,
+            partition=config.token_capture.staging_partition,
+            faults=faults,
+        )
+        actors = start_actors([spec] * settings.workers, name="demo-actor")
+        try:
+            yield None, ActorPool(log, actors, slots=settings.slots)
+        finally:
+            stop_actors(actors)
+        return
+    from eventlog.rollout.engine import EngineConfig, VllmEngine
+
+    with VllmEngine.start(EngineConfig(model=model, seed=settings.seed)) as engine:
+        yield engine, None
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--target", required=True, help="the log: SQLite path or SQLAlchemy URL")
 @click.option("--run-dir", required=True, type=click.Path(path_type=Path))
@@ -68,6 +117,14 @@ def report_json(report: RunReport, **extra: object) -> dict[str, object]:
     "--data-plane", "plane_kind", type=click.Choice(["memory", "transferqueue"]), default="memory"
 )
 @click.option("--ray-root", default=None, help="temp root for Ray (transferqueue)")
+@click.option(
+    "--workers",
+    "worker_kind",
+    type=click.Choice(["threads", "ray"]),
+    default="threads",
+    help="rollout workers in this process, or Ray actors (direct to a PostgreSQL log, "
+    "forwarded to this process otherwise)",
+)
 @click.option("--settings", "settings_json", required=True, help="LoopSettings as JSON")
 @click.option("--no-faults", is_flag=True)
 @click.option(
@@ -79,6 +136,7 @@ def command(
     model: str,
     plane_kind: str,
     ray_root: str | None,
+    worker_kind: str,
     settings_json: str,
     no_faults: bool,
     report: Path | None,
@@ -107,10 +165,8 @@ def command(
             data_plane = TransferQueueDataPlane()
         else:
             data_plane = InMemoryDataPlane()
-        from eventlog.rollout.engine import EngineConfig, VllmEngine
-
         engine_started = time.monotonic()
-        with VllmEngine.start(EngineConfig(model=model, seed=settings.seed)) as engine:
+        with _workers(worker_kind, target, model, config, settings, faults, log) as (engine, pool):
             engine_s = time.monotonic() - engine_started
             controller = Controller(
                 log=log,
@@ -122,6 +178,7 @@ def command(
                 checkpoint_dir=run_dir / "checkpoints",
                 faults=faults,
                 owner=f"demo-controller:{os.getpid()}",
+                pool=pool,
             )
             run_started = time.monotonic()
             result = asyncio.run(controller.run())

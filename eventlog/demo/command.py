@@ -69,6 +69,15 @@ def _model_dir(chosen: str | None, console: Console) -> Path:
     "TransferQueue on a Ray the controller starts (stopped by PID after the kill).",
 )
 @click.option(
+    "--workers",
+    type=click.Choice(["threads", "ray"]),
+    default="threads",
+    show_default=True,
+    help="Rollout workers in the controller's process, or Ray actors with one vLLM engine "
+    "each (needs --data-plane transferqueue; with a PostgreSQL --db they append to the log "
+    "themselves, otherwise the controller appends for them).",
+)
+@click.option(
     "--steps",
     type=click.IntRange(min=3),
     default=3,
@@ -100,6 +109,7 @@ def demo(
     run_dir: Path | None,
     model: str | None,
     data_plane: str,
+    workers: str,
     steps: int,
     groups: int,
     siblings: int,
@@ -132,6 +142,7 @@ def demo(
         model_dir=_model_dir(model, err),
         settings=settings,
         data_plane="transferqueue" if data_plane == "transferqueue" else "memory",
+        workers="ray" if workers == "ray" else "threads",
         kill_after_seals=kill_after_seals,
         faults=not no_faults,
         timeout_s=timeout,

@@ -55,6 +55,8 @@ class DemoOptions:
     model_dir: Path
     settings: LoopSettings = field(default_factory=LoopSettings)
     data_plane: Literal["memory", "transferqueue"] = "memory"
+    workers: Literal["threads", "ray"] = "threads"
+    """Rollout workers beside the controller, or Ray actors (needs TransferQueue's Ray)."""
     kill_after_seals: int = 2
     kill_from_step: int = 1
     faults: bool = True
@@ -162,6 +164,11 @@ class DemoRunner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "recovery.yaml").write_text(CONFIG_YAML)
         result = DemoRun(options)
+        if options.workers == "ray" and options.data_plane != "transferqueue":
+            raise DemoError(
+                "--workers ray: rollout actors need the Ray that TransferQueue runs on",
+                hint="add --data-plane transferqueue",
+            )
         with EventLog.open(options.target) as log, self._ray_session():
             if log.head() != 0:
                 raise DemoError(
@@ -216,6 +223,8 @@ class DemoRunner:
             str(options.model_dir),
             "--data-plane",
             options.data_plane,
+            "--workers",
+            options.workers,
             "--settings",
             json.dumps(asdict(options.settings)),
             "--report",
