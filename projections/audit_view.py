@@ -227,7 +227,9 @@ def view_group(group_id: str, records: Iterable[AuditRecord], skipped: RolledBac
             pass
 
     def row_fate(a: _Attempt, key: str) -> str:
-        if key in cleared:
+        # A counted attempt's rows are cleared only by its finalization (they live on as
+        # the canonical rows): its fate is the group's.
+        if key in cleared and a.verdict != "counts":
             return f"cleared by seq {cleared[key]}"
         if a.verdict == "counts":
             if trained_step is not None:

@@ -24,6 +24,7 @@ from eventlog.events import Event
 from eventlog.recovery.vocabulary import (
     AttemptFailed,
     AttemptRef,
+    FinalizationRetryable,
     FinalizationStarted,
     FinalizationUnknown,
     Granularity,
@@ -686,7 +687,8 @@ def _leave(state: LedgerState, group: GroupState) -> None:
 
 def _on_finalized(state: LedgerState, ev: GroupFinalized) -> None:
     group = state.group(ev.group_id)
-    _require(group, status=("finalizing",), action="finalize")
+    # From finalization_unknown too: resolving it found every canonical row in place.
+    _require(group, status=("finalizing", "finalization_unknown"), action="finalize")
     _check_owner(group, ev.owner)
     canonical = group.canonical_row_ids()
     if list(ev.canonical_row_ids) != canonical:
@@ -698,6 +700,12 @@ def _on_finalized(state: LedgerState, ev: GroupFinalized) -> None:
         raise RuleViolation(
             f"finalized as prompt {ev.prompt_id!r} for step {ev.target_step}, but the group is "
             f"prompt {group.prompt_id!r} for step {group.target_step}",
+            group_id=group.group_id,
+        )
+    if ev.weight_versions and len(ev.weight_versions) != group.expected_generations:
+        raise RuleViolation(
+            f"weight_versions must list one entry per sibling ({group.expected_generations}), "
+            f"found {len(ev.weight_versions)}",
             group_id=group.group_id,
         )
     _leave(state, group)
@@ -715,6 +723,15 @@ def _on_finalization_unknown(state: LedgerState, ev: FinalizationUnknown) -> Non
     _require(group, status=("finalizing",), action="mark finalization unknown")
     _check_owner(group, ev.owner)
     state.groups[group.group_id] = msgspec.structs.replace(group, status="finalization_unknown")
+
+
+def _on_finalization_retryable(state: LedgerState, ev: FinalizationRetryable) -> None:
+    group = state.group(ev.group_id)
+    _require(group, status=("finalization_unknown",), action="make finalization retryable")
+    _check_owner(group, ev.owner)
+    state.groups[group.group_id] = msgspec.structs.replace(
+        group, status="ready_to_finalize", finalization_owner=None
+    )
 
 
 def _on_discarded(state: LedgerState, ev: GroupDiscarded) -> None:
@@ -796,6 +813,7 @@ _HANDLERS: dict[type[Event], Callable[[LedgerState, Event], None]] = {
     FinalizationStarted: _on_finalization_started,  # type: ignore[dict-item]
     GroupFinalized: _on_finalized,  # type: ignore[dict-item]
     FinalizationUnknown: _on_finalization_unknown,  # type: ignore[dict-item]
+    FinalizationRetryable: _on_finalization_retryable,  # type: ignore[dict-item]
     GroupDiscarded: _on_discarded,  # type: ignore[dict-item]
     ReplaySelected: _on_replay_selected,  # type: ignore[dict-item]
     ReplayReleased: _on_replay_released,  # type: ignore[dict-item]

@@ -12,8 +12,7 @@ from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
 
 
 def _finalize(h: Harness, gid: str) -> None:
-    h.run(lambda cut: h.ledger.start_finalization(cut, gid, owner="f"))
-    h.run(lambda cut: h.ledger.finalize(cut, gid, owner="f", min_weight_version=0))
+    h.finalize(gid)
 
 
 def _finalized(h: Harness, *group_ids: str) -> None:

@@ -33,8 +33,7 @@ def _restore(h: Harness, step: int | None = None):  # type: ignore[no-untyped-de
 
 
 def _finalize(h: Harness, gid: str) -> None:
-    h.run(lambda cut: h.ledger.start_finalization(cut, gid, owner="f"))
-    h.run(lambda cut: h.ledger.finalize(cut, gid, owner="f", min_weight_version=0))
+    h.finalize(gid)
 
 
 def _rebuilt_digest(h: Harness) -> str:
@@ -257,9 +256,11 @@ def test_restore_never_finalizes_a_group_twice_in_effective_history(harness: Har
         h.dispatch(gid)
         h.seal(gid, 0)
     h.run(lambda cut: h.ledger.start_finalization(cut, "early", owner="f"))
+    h.put_canonical_rows("early")
     h.run(lambda cut: h.ledger.finalize(cut, "early", owner="f", min_weight_version=0))
     h.checkpoint(1)
     h.run(lambda cut: h.ledger.start_finalization(cut, "late", owner="f"))
+    h.put_canonical_rows("late")
     h.run(lambda cut: h.ledger.finalize(cut, "late", owner="f", min_weight_version=0))
     h.fresh_process()
     plan = _restore(h)
@@ -270,6 +271,7 @@ def test_restore_never_finalizes_a_group_twice_in_effective_history(harness: Har
     # `late` was finalized after it, with a trainer that was rolled back too: it finalizes again.
     assert [p.group_id for p in plan.admitted] == ["late"]
     h.run(lambda cut: h.ledger.start_finalization(cut, "late", owner="f2"))
+    h.put_canonical_rows("late")
     h.run(lambda cut: h.ledger.finalize(cut, "late", owner="f2", min_weight_version=0))
     controller = list(h.log.read_stream(CONTROLLER_STREAM))
     live = list(effective(h.records(), rolled_back(controller)))

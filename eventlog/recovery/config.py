@@ -42,6 +42,9 @@ __all__ = [
 DEFAULT_STAGING_PARTITION = "rollout_staging"
 """Where workers stage token rows unless `token_capture.staging_partition` says otherwise."""
 
+DEFAULT_TRAINING_PARTITION = "training"
+"""Where finalization writes canonical rows (keys: canonical row ids) until they train."""
+
 
 class RolloutRecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Granularity resolution: agent override beats task override beats the default."""
@@ -49,6 +52,9 @@ class RolloutRecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     default_granularity: Granularity = Granularity.SIBLING
     agent_granularity_overrides: dict[str, Granularity] = msgspec.field(default_factory=dict)
     task_granularity_overrides: dict[str, Granularity] = msgspec.field(default_factory=dict)
+    min_valid_row_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    """A fully sealed group whose fraction of valid rows (siblings that train: mask_sample
+    false) is below this is discarded, recorded, instead of finalized (0: never)."""
 
 
 class TokenCaptureConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -171,6 +177,11 @@ def _check(value: object, kind: mi.Type, path: str) -> None:
     elif isinstance(kind, mi.BoolType):
         if not isinstance(value, bool):
             raise _expected(path, "true or false", value)
+    elif isinstance(kind, mi.FloatType):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _expected(path, "a number", value)
+        if (kind.ge is not None and value < kind.ge) or (kind.le is not None and value > kind.le):
+            raise _expected(path, f"a number from {kind.ge} to {kind.le}", value)
     elif isinstance(kind, mi.IntType):
         if isinstance(value, bool) or not isinstance(value, int):
             raise _expected(path, "an integer", value)

@@ -48,7 +48,12 @@ from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
 from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.checkpoint import check_rows, checkpoint_event, fold_until, save_snapshot
-from eventlog.recovery.config import DEFAULT_STAGING_PARTITION, RecoveryConfig, resolve_granularity
+from eventlog.recovery.config import (
+    DEFAULT_STAGING_PARTITION,
+    DEFAULT_TRAINING_PARTITION,
+    RecoveryConfig,
+    resolve_granularity,
+)
 from eventlog.recovery.errors import ControllerFencedError, LedgerRuleError, StaleAttemptError
 from eventlog.recovery.replay_ownership import ReplayOwnership
 from eventlog.recovery.restore import (
@@ -67,6 +72,7 @@ from eventlog.recovery.vocabulary import (
     CheckpointCommitted,
     ClearedKey,
     ControllerEpochStarted,
+    FinalizationRetryable,
     FinalizationStarted,
     FinalizationUnknown,
     Granularity,
@@ -83,11 +89,12 @@ from eventlog.recovery.vocabulary import (
     SiblingSealed,
     StagingCleared,
     StaleResultRejected,
+    TokensStaged,
     attempt_stream,
     group_stream,
 )
 from projections.history import RolledBack, controller_history
-from projections.reconcile import reconcile, referenced_keys, staged_by
+from projections.reconcile import referenced_keys
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import (
     AttemptState,
@@ -176,12 +183,16 @@ class RecoveryLedger:
                 config.token_capture.staging_partition if config else DEFAULT_STAGING_PARTITION
             )
         self.staging_partition = staging_partition
+        self.training_partition = DEFAULT_TRAINING_PARTITION
+        """Where finalized groups' canonical rows live until they train or are evicted."""
         self._state: LedgerState | None = None
         self._versions: dict[str, int] = {}
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._fenced: str | None = None
-        self.replay = ReplayOwnership(self._require_state, self._commit)
+        self.replay = ReplayOwnership(
+            self._require_state, self._commit, data_plane, lambda: self.training_partition
+        )
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
         self._epoch_version: int | None = None
@@ -539,7 +550,8 @@ class RecoveryLedger:
         still has its stream in the log: a result for it is late, not unknown (needs the log).
         """
         state = self._require_state()
-        if group_id not in state.groups and self.log.stream_version(group_stream(group_id)):
+        stream = group_stream(group_id)
+        if group_id not in state.groups and self.log.stream_version(stream) is not None:
             why = "finalized" if group_id in state.replay else "discarded or rolled back"
             raise StaleAttemptError(
                 f"group {group_id!r}, sibling {generation_index}: the group was {why}; the "
@@ -591,7 +603,6 @@ class RecoveryLedger:
         )
         if attempt.status == "sealed":
             return self._repeat(group, [result], Granularity.SIBLING, "seal one sibling")
-        self._require_staged(group_id, generation_index, receipt)
         event = SiblingSealed(
             group_id=group_id,
             generation_index=generation_index,
@@ -600,6 +611,7 @@ class RecoveryLedger:
             receipt=receipt,
             reward=reward,
             mask_sample=mask_sample,
+            weight_versions=self._require_staged(group_id, generation_index, receipt),
         )
         self._commit_group(cut, group_id, [event])
         return True
@@ -626,24 +638,26 @@ class RecoveryLedger:
             )
         if group.status != "generating" and sealed:
             return self._repeat(group, sealed, Granularity.PROMPT_GROUP, "seal the whole group")
-        for s in sealed:
-            self._require_staged(group_id, s.generation_index, s.receipt)
+        sealed = [
+            msgspec.structs.replace(
+                s, weight_versions=self._require_staged(group_id, s.generation_index, s.receipt)
+            )
+            for s in sealed
+        ]
         self._commit_group(cut, group_id, [GroupSealed(group_id=group_id, results=sealed)])
         return True
 
-    def _require_staged(self, group_id: str, index: int, receipt: Receipt | None) -> None:
+    def _require_staged(self, group_id: str, index: int, receipt: Receipt | None) -> list[int]:
         """Every key of a receipt was staged by the attempt it names (its TokensStaged records).
 
         Needs the attempt's stream, so it is the ledger's precondition, not a fold rule; a key
-        another sibling owns is the fold's rule (`projections.siblings._sealed`).
+        another sibling owns is the fold's rule (`projections.siblings._sealed`). Returns the
+        policy versions those calls used, ascending (recorded in the seal).
         """
         if receipt is None or not receipt.staging_keys:
-            return
-        staged = staged_by(
-            (r.event for r in self.log.read_stream(attempt_stream(receipt.rollout_id))),
-            self.staging_partition,
-        )
-        unstaged = [k for k in receipt.staging_keys if staged.get(k) != receipt.rollout_id]
+            return []
+        staged = self._staged_versions(receipt)
+        unstaged = [k for k in receipt.staging_keys if k not in staged]
         if unstaged:
             raise LedgerRuleError(
                 f"group {group_id!r}, sibling {index}: the receipt of {receipt.rollout_id!r} "
@@ -651,6 +665,27 @@ class RecoveryLedger:
                 f"{self.staging_partition!r}: {unstaged}",
                 hint="a receipt lists the keys of the attempt's own TokensStaged records",
             )
+        return sorted({staged[k] for k in receipt.staging_keys})
+
+    def _staged_versions(self, receipt: Receipt | None) -> dict[str, int]:
+        """staging key -> weight version, from the TokensStaged records of the receipt's attempt."""
+        if receipt is None or not receipt.staging_keys:
+            return {}
+        return {
+            ev.staging_key: ev.weight_version
+            for r in self.log.read_stream(attempt_stream(receipt.rollout_id))
+            if isinstance(ev := r.event, TokensStaged)
+            and ev.partition == self.staging_partition
+            and ev.rollout_id == receipt.rollout_id
+        }
+
+    def _weight_versions(self, group: GroupState) -> list[list[int]]:
+        """Per sibling, the policy versions its sealed attempt's staged calls used."""
+        found = []
+        for s in group.siblings:
+            staged = self._staged_versions(s.current.receipt)
+            found.append(sorted({staged[k] for k in s.current.staging_keys if k in staged}))
+        return found
 
     @staticmethod
     def _repeat(
@@ -715,8 +750,14 @@ class RecoveryLedger:
     def finalize(
         self, cut: Cut, group_id: str, *, owner: str, min_weight_version: int | None
     ) -> ReplayEntry:
-        """The canonical rows exist: the group leaves the ledger for the replay buffer."""
+        """The canonical rows exist: the group leaves the ledger for the replay buffer.
+
+        Its staging rows are no longer needed: GroupFinalized and the StagingCleared that
+        lists them are one append, and the rows are deleted after it (log first, delete
+        after; a crash in between leaves rows the next restore clears again).
+        """
         group = self.group(group_id)
+        versions = self._weight_versions(group)
         event = GroupFinalized(
             group_id=group_id,
             owner=owner,
@@ -724,10 +765,65 @@ class RecoveryLedger:
             target_step=group.target_step,
             canonical_row_ids=group.canonical_row_ids(),
             min_weight_version=min_weight_version,
+            weight_versions=versions,
+        )
+        cleared = [
+            ClearedKey(key=key, rollout_id=s.current.rollout_id)
+            for s in group.siblings
+            for key in s.current.staging_keys
+        ]
+        events: list[Event] = [event]
+        if cleared:
+            events.append(
+                StagingCleared(
+                    partition=self.staging_partition,
+                    of_attempts=cleared,
+                    never_staged=[],
+                    reason=f"group {group_id!r} finalized into canonical rows",
+                    step=group.target_step,
+                )
+            )
+        self._commit_group(cut, group_id, events)
+        self._prompts.pop(group_id, None)
+        if cleared:
+            self.data_plane.delete_rows(self.staging_partition, [c.key for c in cleared])
+        return self._require_state().replay[group_id]
+
+    def resolve_finalization_unknown(
+        self, cut: Cut, group_id: str, *, owner: str | None = None
+    ) -> str:
+        """Settle a finalization_unknown group by the canonical partition (needs the data plane).
+
+        Every canonical row there: the finalization did happen, record GroupFinalized
+        ("finalized"). Otherwise record FinalizationRetryable, clearing any partial rows after
+        the append ("retryable"): the group is ready to finalize again. `owner` defaults to
+        the recorded finalization owner.
+        """
+        group = self.group(group_id)
+        if group.status != "finalization_unknown":
+            raise LedgerRuleError(
+                f"group {group_id!r}: is {group.status}, not finalization_unknown",
+                hint="only a group marked finalization_unknown needs resolving",
+            )
+        owner = owner or group.finalization_owner or ""
+        rows = group.canonical_row_ids()
+        present = self.data_plane.list_keys(self.training_partition)
+        found = [r for r in rows if r in present]
+        if len(found) == len(rows):
+            oldest = min((v for vs in self._weight_versions(group) for v in vs), default=None)
+            self.finalize(cut, group_id, owner=owner, min_weight_version=oldest)
+            return "finalized"
+        missing = [r for r in rows if r not in present]
+        event = FinalizationRetryable(
+            group_id=group_id,
+            owner=owner,
+            reason=f"canonical rows {missing} are not in partition {self.training_partition!r}",
+            canonical_rows_cleared=found,
         )
         self._commit_group(cut, group_id, [event])
-        self._prompts.pop(group_id, None)
-        return self._require_state().replay[group_id]
+        if found:
+            self.data_plane.delete_rows(self.training_partition, found)
+        return "retryable"
 
     def mark_finalization_unknown(self, cut: Cut, group_id: str, *, owner: str, error: str) -> None:
         """Finalization failed ambiguously: no checkpoint until a person resolves it."""
@@ -744,47 +840,79 @@ class RecoveryLedger:
             self.data_plane.delete_rows(self.staging_partition, keys)
         return keys
 
-    def clear_superseded_rows(
-        self, cut: Cut, *, reason: str = "rows of failed or abandoned attempts"
-    ) -> list[ClearedKey]:
-        """Delete the staging rows of attempts that failed or were abandoned, during a run.
+    def discard_if_few_valid_rows(self, cut: Cut, group_id: str) -> str | None:
+        """Discard a fully sealed group whose fraction of valid rows is below the threshold.
 
-        Without it such rows wait for the next restore to reconcile them, and a long run
-        without restarts keeps them all. Only failed and abandoned attempts qualify: a
-        dispatched attempt may still be staging. Appended first, deleted after: a crash in
-        between leaves unreferenced rows that the next restore clears.
+        A valid row is a sibling that trains (mask_sample false); the threshold is the config's
+        `rollout_recovery.min_valid_row_fraction` (0 or no config: never). Returns the
+        recorded reason when the group was discarded (GroupDiscarded, rows cleared), else None.
+        """
+        group = self.group(group_id)
+        recovery = self.config.rollout_recovery if self.config else None
+        threshold = recovery.min_valid_row_fraction if recovery else 0.0
+        if group.status != "ready_to_finalize" or threshold <= 0.0:
+            return None
+        valid = sum(1 for s in group.siblings if s.current.mask_sample is False)
+        fraction = valid / group.expected_generations
+        if fraction >= threshold:
+            return None
+        reason = (
+            f"valid-row fraction {valid}/{group.expected_generations} = {fraction:.3f} is below "
+            f"rollout_recovery.min_valid_row_fraction {threshold}"
+        )
+        self.discard(cut, group_id, reason=reason)
+        return reason
+
+    def clear_superseded_rows(
+        self,
+        cut: Cut,
+        *,
+        reason: str = "rows of failed or abandoned attempts",
+        step: int | None = None,
+    ) -> list[ClearedKey]:
+        """Delete the staging rows no live attempt can still need, during a run.
+
+        A row that no sealed sibling owns and whose `rollout_id` tag names an attempt that is
+        not live (not the current, reserved or dispatched attempt of a group the ledger holds):
+        failed, abandoned or superseded attempts, whether or not their group is still held
+        (finalized, discarded and rolled-back groups included). Without it such rows wait for
+        the next restore, and a long run keeps them all, in every checkpoint. Untagged rows are
+        left to the restore's reconciliation. Appended first, deleted after: a crash in
+        between leaves rows the log calls cleared, which the next restore clears again.
         """
         self._require_cut(cut)
         state = self._require_state()
         present = self.data_plane.list_keys(self.staging_partition)
         owned = referenced_keys(state)
-        # Only attempts that still have an unowned row here (workers tag rows with their
-        # rollout id): earlier clears already removed the rest, no need to read them again.
-        candidates = {tags.get("rollout_id") for key, tags in present.items() if key not in owned}
-        finished = sorted(
-            attempt.rollout_id
+        live = {
+            s.current.rollout_id
             for group in state.groups.values()
-            for sibling in group.siblings
-            for attempt in sibling.attempts
-            if attempt.status in ("failed", "abandoned")
-            and (attempt.rollout_id in candidates or None in candidates)
-        )
-        if not finished:
-            return []
-        staged = staged_by(
-            (r.event for rid in finished for r in self.log.read_stream(attempt_stream(rid))),
-            self.staging_partition,
-        )
-        cleared = reconcile(state, present, staged, self.staging_partition).clear_of_attempts
-        if cleared:
+            for s in group.siblings
+            if s.current.status in ("reserved", "dispatched")
+        }
+        tagged = {
+            key: rid
+            for key, tags in sorted(present.items())
+            if key not in owned and (rid := tags.get("rollout_id")) and rid not in live
+        }
+        # A tag naming no attempt the log knows (no stream) was not written by our workers.
+        known = {
+            rid
+            for rid in set(tagged.values())
+            if self.log.stream_version(attempt_stream(rid)) is not None
+        }
+        cleared = [ClearedKey(key=k, rollout_id=r) for k, r in tagged.items() if r in known]
+        never = [k for k, r in tagged.items() if r not in known]
+        if cleared or never:
             event = StagingCleared(
                 partition=self.staging_partition,
                 of_attempts=cleared,
-                never_staged=[],
+                never_staged=never,
                 reason=reason,
+                step=step,
             )
             self._commit(cut, [(CONTROLLER_STREAM, None, [event])])
-            self.data_plane.delete_rows(self.staging_partition, [c.key for c in cleared])
+            self.data_plane.delete_rows(self.staging_partition, list(tagged))
         return cleared
 
     # -- checkpoint and restore ------------------------------------------------------------
@@ -836,7 +964,14 @@ class RecoveryLedger:
         StagingCleared and RestoreCompleted; reconciles the staging rows and rehydrates every
         prompt, then returns the plan (see eventlog.recovery.restore).
         """
-        prepared = prepare_restore(self.log, self.data_plane, self.staging_partition, dataset, step)
+        prepared = prepare_restore(
+            self.log,
+            self.data_plane,
+            self.staging_partition,
+            dataset,
+            step,
+            training_partition=self.training_partition,
+        )
         self._require_cut(cut)
         try:
             (started,) = self._commit(
@@ -855,6 +990,8 @@ class RecoveryLedger:
             raise
         if plan.staging.clear:
             self.data_plane.delete_rows(plan.staging.partition, plan.staging.clear)
+        if prepared.canonical_orphans:
+            self.data_plane.delete_rows(self.training_partition, prepared.canonical_orphans)
         return plan
 
 

@@ -4,12 +4,16 @@ Every command names groups by id, never by buffer position, so a removal compute
 `await` still removes exactly the groups it meant even if other removals shifted positions in
 between. Removals (`consume`, `evict`) skip ids that are already gone and say which ones they
 removed: a concurrent task may legitimately have taken them first.
+
+A removal also frees the group's canonical rows: RowsCleared goes into the same append as
+ReplayConsumed / ReplayEvicted, and the rows are deleted after it (log first, delete after).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from eventlog.dataplane.protocol import DataPlane
 from eventlog.events import Event
 from eventlog.recovery.barrier import Cut
 from eventlog.recovery.errors import LedgerRuleError
@@ -19,6 +23,7 @@ from eventlog.recovery.vocabulary import (
     ReplayEvicted,
     ReplayReleased,
     ReplaySelected,
+    RowsCleared,
 )
 from projections.siblings import LedgerState, ReplayEntry, ReplayStatus
 
@@ -29,9 +34,38 @@ Commit = Callable[[Cut, Sequence[tuple[str, None, Sequence[Event]]]], object]
 class ReplayOwnership:
     """The `replay` stream's commands, on the ledger's state and through its commit path."""
 
-    def __init__(self, state: Callable[[], LedgerState], commit: Commit) -> None:
+    def __init__(
+        self,
+        state: Callable[[], LedgerState],
+        commit: Commit,
+        data_plane: DataPlane | None = None,
+        partition: Callable[[], str] | None = None,
+    ) -> None:
         self._state = state
         self._commit = commit
+        self._data_plane = data_plane
+        self._partition = partition
+        """The canonical rows' partition (None, or no data plane: rows are not cleared)."""
+
+    def _cleared(self, event: Event) -> list[RowsCleared]:
+        """The canonical rows a consume or evict frees, as the event that records them."""
+        if self._data_plane is None or self._partition is None:
+            return []
+        if isinstance(event, ReplayConsumed):
+            gids, reason, step = event.group_ids, f"trained at step {event.step}", event.step
+        elif isinstance(event, ReplayEvicted):
+            gids, reason, step = event.group_ids, f"evicted: {event.reason}", None
+        else:
+            return []
+        replay = self._state().replay
+        keys = [k for gid in gids if gid in replay for k in replay[gid].canonical_row_ids]
+        if not keys:
+            return []
+        return [
+            RowsCleared(
+                partition=self._partition(), keys=keys, reason=reason, step=step, group_ids=gids
+            )
+        ]
 
     def entries(self, status: ReplayStatus | None = None) -> list[ReplayEntry]:
         """Owned groups in finalization order (optionally only those in `status`)."""
@@ -39,7 +73,11 @@ class ReplayOwnership:
         return [e for e in replay.values() if status is None or e.status == status]
 
     def _append(self, cut: Cut, event: Event) -> None:
-        self._commit(cut, [(REPLAY_STREAM, None, [event])])
+        cleared = self._cleared(event)
+        self._commit(cut, [(REPLAY_STREAM, None, [event, *cleared])])
+        for rows in cleared:
+            assert self._data_plane is not None
+            self._data_plane.delete_rows(rows.partition, rows.keys)
 
     def select(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> None:
         """Pick ready groups to train `step`; every id must be owned and ready."""

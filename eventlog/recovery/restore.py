@@ -22,6 +22,7 @@ from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, ExpectedVersion
 from eventlog.recovery.checkpoint import fold_until
+from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
@@ -31,6 +32,7 @@ from eventlog.recovery.vocabulary import (
     Granularity,
     RestoreCompleted,
     RestoreStarted,
+    RowsCleared,
     SealResult,
     StagingCleared,
     attempt_stream,
@@ -249,15 +251,25 @@ class PreparedRestore:
     group_events: list[Append]
     start: Append
     """RestoreStarted: appended alone first, so its seq closes the rolled-back range."""
+    training_partition: str = DEFAULT_TRAINING_PARTITION
+    canonical_orphans: list[str] = field(default_factory=list)
+    """Canonical rows no replay entry owns: recorded (RowsCleared), then deleted."""
 
 
 def prepare_restore(
-    log: EventLog, data_plane: DataPlane, partition: str, dataset: Dataset, step: int | None
+    log: EventLog,
+    data_plane: DataPlane,
+    partition: str,
+    dataset: Dataset,
+    step: int | None,
+    *,
+    training_partition: str = DEFAULT_TRAINING_PARTITION,
 ) -> PreparedRestore:
     """Load the checkpoint's data plane and run every check a restore makes; append nothing.
 
     Checkpoint found, ledger digest, granularity (each group's stored one, never the current
-    config: in-flight attempts are abandoned and retried), reconciliation, prompt identity: a
+    config: in-flight attempts are abandoned and retried), reconciliation of the staging and
+    the canonical partitions, prompt identity: a
     failure raises before the ledger appends anything. The data plane is loaded first because
     every later check reads it.
     """
@@ -318,6 +330,7 @@ def prepare_restore(
             f"({len(staging.missing)} missing in all)",
             hint="the data-plane checkpoint does not hold the rows the log says were sealed",
         )
+    orphans = _reconcile_canonical(restored, data_plane, training_partition, ckpt.step)
     prompts = {gid: _rehydrate(dataset, group) for gid, group in restored.groups.items()}
     streams = [group_stream(g) for g in state.groups] + [CONTROLLER_STREAM, REPLAY_STREAM]
     versions = {s: v for s in streams if (v := log.stream_version(s)) is not None}
@@ -336,7 +349,27 @@ def prepare_restore(
         staging=staging,
         group_events=group_events,
         start=(CONTROLLER_STREAM, controller_version, [start]),
+        training_partition=training_partition,
+        canonical_orphans=orphans,
     )
+
+
+def _reconcile_canonical(
+    state: LedgerState, data_plane: DataPlane, partition: str, step: int
+) -> list[str]:
+    """The canonical rows no replay entry owns; a row an entry owns but the data plane lacks
+    fails the restore closed (training would silently lose the group)."""
+    present = data_plane.list_keys(partition)
+    owners = {row: e.group_id for e in state.replay.values() for row in e.canonical_row_ids}
+    missing = sorted(row for row in owners if row not in present)
+    if missing:
+        first = missing[0]
+        raise ReconciliationError(
+            f"group {owners[first]!r}: canonical row {first!r} is missing from partition "
+            f"{partition!r} after loading checkpoint step {step} ({len(missing)} missing in all)",
+            hint="the data-plane checkpoint does not hold the rows of the finalized groups",
+        )
+    return sorted(set(present).difference(owners))
 
 
 def finish_restore(
@@ -370,6 +403,15 @@ def finish_restore(
                 of_attempts=staging.clear_of_attempts,
                 never_staged=staging.clear_never_staged,
                 reason=f"unreferenced after restore to checkpoint step {ckpt.step}",
+            )
+        )
+    if prepared.canonical_orphans:
+        closing.append(
+            RowsCleared(
+                partition=prepared.training_partition,
+                keys=prepared.canonical_orphans,
+                reason=f"unreferenced after restore to checkpoint step {ckpt.step}",
+                step=ckpt.step,
             )
         )
     closing.append(
@@ -419,4 +461,16 @@ def _staged(
             for rollout_id in sorted(r for r in rollout_ids if r is not None)
             for record in log.read_stream(attempt_stream(rollout_id))
         )
-    return staged_by((r.event for r in records), partition)
+    staged = staged_by((r.event for r in records), partition)
+    # A worker killed between its put and its TokensStaged left a row its tag still names:
+    # it belongs to that attempt (its stream exists: GenerationStarted), not to "never staged".
+    started: dict[str, bool] = {}
+    for key, tags in present.items():
+        tagged = tags.get("rollout_id")
+        if key in owned or key in staged or not tagged:
+            continue
+        if tagged not in started:
+            started[tagged] = log.stream_version(attempt_stream(tagged)) is not None
+        if started[tagged]:
+            staged[key] = tagged
+    return staged

@@ -134,6 +134,9 @@ class SealResult(msgspec.Struct, frozen=True, kw_only=True):
     receipt: Receipt | None
     reward: float
     mask_sample: bool
+    weight_versions: list[int] = msgspec.field(default_factory=list)
+    """Policy versions the attempt's staged calls used, ascending (the ledger fills it in from
+    the attempt's TokensStaged records; empty in logs written before it existed)."""
 
 
 # --- stream group/<group_id> -----------------------------------------------------------------
@@ -201,6 +204,8 @@ class SiblingSealed(Event, frozen=True, kw_only=True):
     receipt: Receipt | None
     reward: float
     mask_sample: bool
+    weight_versions: list[int] = msgspec.field(default_factory=list)
+    """Policy versions the attempt's staged calls used, ascending (see SealResult)."""
 
 
 @event_type
@@ -261,6 +266,8 @@ class GroupFinalized(Event, frozen=True, kw_only=True):
     target_step: int | None
     canonical_row_ids: list[NonEmpty]
     min_weight_version: int | None
+    weight_versions: list[list[int]] = msgspec.field(default_factory=list)
+    """Per sibling, the policy versions its sealed attempt used (empty in older logs)."""
 
 
 @event_type
@@ -271,6 +278,18 @@ class FinalizationUnknown(Event, frozen=True, kw_only=True):
     group_id: NonEmpty
     owner: NonEmpty
     error: str
+
+
+@event_type
+class FinalizationRetryable(Event, frozen=True, kw_only=True):
+    """An unknown finalization was resolved: its canonical rows are not all there, so the
+    group is ready to finalize again (any partial rows were cleared, listed here)."""
+
+    schema: ClassVar[int] = 1
+    group_id: NonEmpty
+    owner: NonEmpty
+    reason: str
+    canonical_rows_cleared: list[NonEmpty] = msgspec.field(default_factory=list)
 
 
 @event_type
@@ -342,8 +361,27 @@ class StagingCleared(Event, frozen=True, kw_only=True):
     of_attempts: list[ClearedKey]
     """Rows a worker staged (TokensStaged) for an attempt that no sealed sibling owns."""
     never_staged: list[NonEmpty]
-    """Rows no TokensStaged event names: written outside the protocol."""
+    """Rows no TokensStaged event and no rollout_id tag names: written outside the protocol."""
     reason: str
+    step: int | None = None
+    """The step the clean-up belongs to (a finalized group's target step, a checkpoint's)."""
+
+
+@event_type
+class RowsCleared(Event, frozen=True, kw_only=True):
+    """Canonical (training) rows were deleted from the data plane: trained, evicted, orphaned.
+
+    Appended before the delete, or in the same atomic append as the fact that frees the rows
+    (ReplayConsumed, ReplayEvicted): a crash in between leaves rows the log calls cleared,
+    which the next restore deletes again (design §7).
+    """
+
+    schema: ClassVar[int] = 1
+    partition: NonEmpty
+    keys: list[NonEmpty]
+    reason: str
+    step: int | None = None
+    group_ids: list[NonEmpty] = msgspec.field(default_factory=list)
 
 
 @event_type

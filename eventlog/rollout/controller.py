@@ -202,6 +202,11 @@ class Controller:
         logger.info(
             "restored checkpoint step %d: %s", plan.checkpoint_step, plan.counts or "no groups"
         )
+        # Admitted groups first: they may be the only work that can advance the trainer.
+        for group_plan in plan.admitted:
+            if group_plan.target_step is None:
+                raise LedgerRuleError(f"group {group_plan.group_id!r}: admitted without a step")
+            await self._resume(group_plan, group_plan.target_step)
         for admission in plan.reserved:
             step = _admission_step(admission.admission_id)
             async with self.barrier.mutation("admit") as cut:
@@ -210,10 +215,6 @@ class Controller:
                 )
             for group_plan in admission.groups:
                 await self._resume(group_plan, step)
-        for group_plan in plan.admitted:
-            if group_plan.target_step is None:
-                raise LedgerRuleError(f"group {group_plan.group_id!r}: admitted without a step")
-            await self._resume(group_plan, group_plan.target_step)
         for entry in ledger.replay.entries():
             if entry.target_step is not None:
                 self._steps.setdefault(entry.target_step, []).append(entry.group_id)
@@ -489,6 +490,12 @@ class Controller:
             return
         if self.ledger.group(gid).status != "ready_to_finalize":
             return
+        async with self.barrier.mutation("discard") as cut:
+            dropped = self.ledger.discard_if_few_valid_rows(cut, gid)
+        if dropped is not None:
+            self.report.discarded_groups.append(gid)
+            group.settled.set_result("discarded")
+            return
         async with self.barrier.mutation("finalize") as cut:
             inputs = self.ledger.start_finalization(cut, gid, owner=self.owner)
             try:
@@ -497,9 +504,8 @@ class Controller:
             except EventLogError as exc:
                 self.ledger.mark_finalization_unknown(cut, gid, owner=self.owner, error=str(exc))
                 raise
+            # Records and then deletes the staging rows: the canonical rows hold them now.
             self.ledger.finalize(cut, gid, owner=self.owner, min_weight_version=min_weight)
-        staged = [k for receipt in inputs.receipts if receipt for k in receipt.staging_keys]
-        self.data_plane.delete_rows(self.staging, staged)  # the canonical rows hold them now
         group.settled.set_result("finalized")
 
     async def _train(self, step: int) -> None:
@@ -514,8 +520,8 @@ class Controller:
         async with self.barrier.mutation("train") as cut:
             self.ledger.replay.select(cut, ids, step=step)
             rows = self.data_plane.read_rows(TRAINING_PARTITION, row_ids)
+            # Records the trained rows as cleared (RowsCleared), then deletes them.
             self.ledger.replay.consume(cut, ids, step=step)
-        self.data_plane.delete_rows(TRAINING_PARTITION, row_ids)
         report = step_report(step, len(ids), rows)
         self.report.steps.append(report)
         self.pool.set_weight_version(step)
@@ -526,7 +532,7 @@ class Controller:
         directory = self.checkpoint_dir / f"step-{step:04d}-seq{self.log.head()}"
         async with self.barrier.checkpoint() as cut:
             # Rows of failed and abandoned attempts go now, not in the checkpoint.
-            self.ledger.clear_superseded_rows(cut)
+            self.ledger.clear_superseded_rows(cut, step=step)
             self.ledger.checkpoint(cut, step=step, directory=str(directory))
 
     async def _cancel_all(self) -> None:

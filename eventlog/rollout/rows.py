@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from eventlog.dataplane.protocol import DataPlane, Row
+from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.ledger import FinalizationInputs
 
-TRAINING_PARTITION = "training"
+TRAINING_PARTITION = DEFAULT_TRAINING_PARTITION
 """Where finalized groups' canonical rows wait for the train step (keys: canonical row ids)."""
 
 

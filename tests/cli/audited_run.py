@@ -86,8 +86,7 @@ def work(h: Harness, group_id: str, index: int, *, seal: bool = True, weight: in
 
 def train(h: Harness, group_id: str, step: int) -> None:
     """Finalize a fully sealed group, then the trainer selects and consumes it at `step`."""
-    h.run(lambda cut: h.ledger.start_finalization(cut, group_id, owner="f"))
-    h.run(lambda cut: h.ledger.finalize(cut, group_id, owner="f", min_weight_version=0))
+    h.finalize(group_id)
     h.run(lambda cut: h.ledger.replay.select(cut, [group_id], step=step))
     h.run(lambda cut: h.ledger.replay.consume(cut, [group_id], step=step))
 

@@ -104,7 +104,11 @@ def test_replay_group_includes_every_record_about_the_group_wherever_it_lives(
     trained = replayed(run.path, "--group", "g1", "--type", "ReplayConsumed")
     assert [(o["data"]["step"], "g1" in o["data"]["group_ids"]) for o in trained] == [(2, True)]
     cleared = replayed(run.path, "--group", "g1", "--type", "StagingCleared")
-    assert [c["rollout_id"] for o in cleared for c in o["data"]["of_attempts"]] == ["g1_g1"]
+    by_stream = {
+        o["stream"]: sorted({c["rollout_id"] for c in o["data"]["of_attempts"]}) for o in cleared
+    }
+    # The failed attempt's rows at the checkpoint; the sealed ones' when g1 was finalized.
+    assert by_stream == {"controller": ["g1_g1"], "group/g1": ["g1_g0", "g1_g1-a2", "g1_g2-a1"]}
 
     # g2 trained before the checkpoint: no restore touched it, so none is shown
     g2 = replayed(run.path, "--group", "g2")
@@ -112,6 +116,7 @@ def test_replay_group_includes_every_record_about_the_group_wherever_it_lives(
     assert [o["type"] for o in g2 if o["stream"] == "replay"] == [
         "ReplaySelected",
         "ReplayConsumed",
+        "RowsCleared",  # its canonical rows, trained: one append with the consume
     ]
 
 
@@ -131,8 +136,10 @@ def test_replay_step_and_checkpoint_select_by_the_effective_checkpoints(
     assert [o["seq"] for o in replayed(run.path, "--checkpoint", "1")] == list(
         range(1, checkpoints[1] + 1)
     )
-    both = replayed(run.path, "--step", "2", "--group", "g2")
-    assert [o["type"] for o in both] == ["StagingCleared"]  # the restore cleared its rows
+    # g2's staging rows were cleared when it was finalized, in step 1: nothing left for later.
+    assert replayed(run.path, "--step", "2", "--group", "g2") == []
+    both = replayed(run.path, "--step", "1", "--group", "g2", "--type", "StagingCleared")
+    assert [(o["stream"], o["data"]["step"]) for o in both] == [("group/g2", 1)]
     assert checkpoints[2] == head
 
 
