@@ -97,7 +97,7 @@ def child(what: str, log_path: str) -> dict[str, Any]:
     phases: dict[str, float] = {}
     # Phase timers: module-level names the restore calls once each (the per-group stream reads
     # happen inside attempts_used, the TokensStaged scan inside staged_by).
-    _timed(eventlog.recovery.restore, "fold_until", phases, "fold_s")
+    _timed(eventlog.recovery.restore, "fold_from_snapshot", phases, "fold_s")
     _timed(eventlog.recovery.ledger, "fold_until", phases, "fold_s")
     _timed(eventlog.recovery.restore, "staged_by", phases, "tokens_staged_scan_s")
     _timed(eventlog.recovery.restore, "attempts_used", phases, "group_streams_s")

@@ -5,23 +5,30 @@ plane's own checkpoint and the log position are one consistent cut. The projecti
 stored at the CheckpointCommitted seq lets a restore skip replaying the whole run; if it is
 missing (a crash right after the append) or unreadable, folding the log gives the same state,
 which the checkpoint's ledger digest then confirms.
+
+Snapshots and checkpoints carry the projection version of the code that folded them
+(projections.version). A snapshot of another version is not trusted: the fold starts from an
+older snapshot of this version, or from the log, and says so. A ledger digest of another
+version cannot be compared (ProjectionVersionError, told apart from a real divergence).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import msgspec
 
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
-from eventlog.recovery.errors import LedgerRuleError, ReconciliationError
+from eventlog.recovery.errors import LedgerRuleError, ProjectionVersionError, ReconciliationError
 from eventlog.recovery.vocabulary import CheckpointCommitted
 from projections.history import RolledBack
 from projections.reconcile import referenced_keys
 from projections.siblings import LedgerState, RuleViolation, fold, state_digest
+from projections.version import PROJECTION_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -29,19 +36,42 @@ SNAPSHOT_NAME = "recovery-ledger"
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
-    """A snapshot payload: the state and the stream versions it was folded from."""
+    """A snapshot payload: the state, the stream versions it was folded from, and the
+    projection version that folded it (None: written before snapshots carried one)."""
 
     state: LedgerState
     versions: dict[str, int]
+    projection_version: str | None = None
+
+
+class _SnapshotHeader(msgspec.Struct):
+    """Only the version, read before the state (whose shape may be another version's)."""
+
+    projection_version: str | None = None
 
 
 _SNAPSHOT_DECODER = msgspec.msgpack.Decoder(Snapshot)
+_HEADER_DECODER = msgspec.msgpack.Decoder(_SnapshotHeader)
+
+
+@dataclass
+class Folded:
+    """A state at a log position, and how it was reached."""
+
+    state: LedgerState
+    versions: dict[str, int]
+    snapshot_seq: int = 0
+    """The snapshot the fold started from (0: the start of the log)."""
+    untrusted: list[tuple[int, str | None]] = field(default_factory=list)
+    """Snapshots passed over because another projection version wrote them: (seq, version)."""
+    records_folded: int = 0
 
 
 def _usable_snapshot(
-    log: EventLog, until_seq: int, skipped: RolledBack
+    log: EventLog, until_seq: int, skipped: RolledBack, untrusted: list[tuple[int, str | None]]
 ) -> tuple[int, Snapshot | None]:
-    """The newest readable snapshot at or before `until_seq` that was not rolled back."""
+    """The newest readable snapshot of this projection version at or before `until_seq` that
+    was not rolled back; snapshots of another version are listed in `untrusted`."""
     at = until_seq
     while at > 0:
         found = log.load_snapshot(SNAPSHOT_NAME, at_or_before_seq=at)
@@ -50,24 +80,39 @@ def _usable_snapshot(
         seq, payload = found
         if seq not in skipped:
             try:
-                return seq, _SNAPSHOT_DECODER.decode(payload)
+                version = _HEADER_DECODER.decode(payload).projection_version
+                if version == PROJECTION_VERSION:
+                    return seq, _SNAPSHOT_DECODER.decode(payload)
+                untrusted.append((seq, version))
+                logger.warning(
+                    "snapshot at seq %d is of projection version %s, this code is %s: not "
+                    "trusted, folding from an older snapshot or the log instead",
+                    seq,
+                    version or "(none: written before versions)",
+                    PROJECTION_VERSION,
+                )
             except msgspec.DecodeError as exc:
                 logger.warning("snapshot at seq %d is unreadable (%s); folding instead", seq, exc)
         at = seq - 1
     return 0, None
 
 
-def fold_until(
-    log: EventLog, until_seq: int, skipped: RolledBack
-) -> tuple[LedgerState, dict[str, int]]:
-    """The effective state at `until_seq`, and the stream versions seen on the way."""
-    snap_seq, snapshot = _usable_snapshot(log, until_seq, skipped)
-    state = snapshot.state if snapshot else LedgerState()
-    versions = dict(snapshot.versions) if snapshot else {}
+def fold_from_snapshot(log: EventLog, until_seq: int, skipped: RolledBack) -> Folded:
+    """The effective state at `until_seq`, from the newest trusted snapshot (or the log)."""
+    untrusted: list[tuple[int, str | None]] = []
+    snap_seq, snapshot = _usable_snapshot(log, until_seq, skipped, untrusted)
+    folded = Folded(
+        state=snapshot.state if snapshot else LedgerState(),
+        versions=dict(snapshot.versions) if snapshot else {},
+        snapshot_seq=snap_seq,
+        untrusted=untrusted,
+    )
     if until_seq <= snap_seq:
-        return state, versions
+        return folded
+    state, versions = folded.state, folded.versions
     for rec in log.read(from_seq=snap_seq + 1, until_seq=until_seq):
         versions[rec.stream] = rec.version
+        folded.records_folded += 1
         if rec.seq in skipped:
             continue
         try:
@@ -77,7 +122,41 @@ def fold_until(
                 f"seq {rec.seq} ({rec.type} on stream {rec.stream!r}) breaks a ledger rule: {exc}",
                 hint="the log was edited or written by something other than the ledger",
             ) from None
-    return state, versions
+    return folded
+
+
+def fold_until(
+    log: EventLog, until_seq: int, skipped: RolledBack
+) -> tuple[LedgerState, dict[str, int]]:
+    """The effective state at `until_seq`, and the stream versions seen on the way."""
+    folded = fold_from_snapshot(log, until_seq, skipped)
+    return folded.state, folded.versions
+
+
+def check_ledger_digest(ckpt: CheckpointCommitted, ckpt_seq: int, state: LedgerState) -> bool:
+    """Compare a checkpoint's ledger digest with the state the log folds to at its seq.
+
+    True when they match. A mismatch of the same projection version is a real divergence
+    (ReconciliationError); one written by another version (or before versions existed) is
+    ProjectionVersionError: the digests are of different shapes and prove nothing either way.
+    """
+    found = state_digest(state)
+    if found == ckpt.ledger_digest:
+        return True
+    where = f"checkpoint step {ckpt.step} (seq {ckpt_seq})"
+    if ckpt.projection_version == PROJECTION_VERSION:
+        raise ReconciliationError(
+            f"{where}: the log folds to ledger digest {found[:16]}…, the checkpoint recorded "
+            f"{ckpt.ledger_digest[:16]}…, both of projection version {PROJECTION_VERSION}: "
+            "the log and the checkpoint diverged",
+            hint="the log was edited, or a snapshot or checkpoint was written by something else",
+        )
+    raise ProjectionVersionError(
+        f"{where}: its ledger digest was computed by projection version "
+        f"{ckpt.projection_version or '(none: written before versions)'}, this code is "
+        f"{PROJECTION_VERSION}: the digests cannot be compared (a code change, not a divergence)",
+        hint="restore re-folds the log with this code and records that the digest was not compared",
+    )
 
 
 def check_rows(state: LedgerState, data_plane: DataPlane, partition: str) -> None:
@@ -125,6 +204,7 @@ def checkpoint_event(
         inventory_digest=saved.inventory_digest,
         row_count=saved.row_count,
         ledger_digest=state_digest(state),
+        projection_version=PROJECTION_VERSION,
         group_count=len(state.groups),
         covers_seq=covers_seq,
         chain=chain.hex(),
@@ -133,5 +213,5 @@ def checkpoint_event(
 
 def save_snapshot(log: EventLog, seq: int, state: LedgerState, versions: Mapping[str, int]) -> None:
     """Store the state at a CheckpointCommitted seq, so a restore need not fold the whole run."""
-    snapshot = Snapshot(state=state, versions=dict(versions))
+    snapshot = Snapshot(state=state, versions=dict(versions), projection_version=PROJECTION_VERSION)
     log.save_snapshot(SNAPSHOT_NAME, seq, msgspec.msgpack.encode(snapshot))

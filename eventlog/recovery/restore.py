@@ -21,9 +21,14 @@ from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, ExpectedVersion
-from eventlog.recovery.checkpoint import fold_until
+from eventlog.recovery.checkpoint import check_ledger_digest, fold_from_snapshot
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
-from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError, ReconciliationError
+from eventlog.recovery.errors import (
+    LedgerRuleError,
+    ProjectionVersionError,
+    PromptIdentityError,
+    ReconciliationError,
+)
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     REPLAY_STREAM,
@@ -52,8 +57,8 @@ from projections.siblings import (
     LedgerState,
     RuleViolation,
     fold_all,
-    state_digest,
 )
+from projections.version import PROJECTION_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +259,11 @@ class PreparedRestore:
     training_partition: str = DEFAULT_TRAINING_PARTITION
     canonical_orphans: list[str] = field(default_factory=list)
     """Canonical rows no replay entry owns: recorded (RowsCleared), then deleted."""
+    snapshots_untrusted: int = 0
+    """Snapshots of another projection version passed over (RestoreCompleted says so)."""
+    records_folded: int = 0
+    digest_compared: bool = True
+    """False: the checkpoint's ledger digest is of another projection version."""
 
 
 def prepare_restore(
@@ -292,13 +302,15 @@ def prepare_restore(
             row_count=ckpt.row_count,
         )
     )
-    state, _ = fold_until(log, ckpt_seq, skipped)
-    found = state_digest(state)
-    if found != ckpt.ledger_digest:
-        raise ReconciliationError(
-            f"checkpoint step {ckpt.step} (seq {ckpt_seq}): the log folds to ledger digest "
-            f"{found[:16]}…, the checkpoint recorded {ckpt.ledger_digest[:16]}…"
-        )
+    folded = fold_from_snapshot(log, ckpt_seq, skipped)
+    state = folded.state
+    try:
+        digest_compared = check_ledger_digest(ckpt, ckpt_seq, state)
+    except ProjectionVersionError as exc:
+        # Not a divergence: this code folds the log its own way. The fold from the log (never
+        # a snapshot of the other version) is what the restore goes on with, and it says so.
+        logger.warning("%s; restoring from this code's fold of the log", exc)
+        digest_compared = False
 
     group_events: list[Append] = []
     for group in state.groups.values():
@@ -351,6 +363,9 @@ def prepare_restore(
         start=(CONTROLLER_STREAM, controller_version, [start]),
         training_partition=training_partition,
         canonical_orphans=orphans,
+        snapshots_untrusted=len(folded.untrusted),
+        records_folded=folded.records_folded,
+        digest_compared=digest_compared,
     )
 
 
@@ -421,6 +436,10 @@ def finish_restore(
             rolled_back_from_seq=rolled[0],
             rolled_back_until_seq=rolled[1],
             **plan.counts,
+            snapshots_untrusted=prepared.snapshots_untrusted,
+            records_folded=prepared.records_folded,
+            digest_compared=prepared.digest_compared,
+            projection_version=PROJECTION_VERSION,
         )
     )
     appends = [*prepared.group_events, (CONTROLLER_STREAM, started_version, closing)]

@@ -332,6 +332,8 @@ class CheckpointCommitted(Event, frozen=True, kw_only=True):
     """The log's head when the cut was taken; the chain value below is that record's."""
     chain: str
     """Hex chain value at `covers_seq` ('' for an empty log): an anchor against truncation."""
+    projection_version: str | None = None
+    """The projection version `ledger_digest` was computed by (None: before versions)."""
 
 
 @event_type
@@ -397,6 +399,14 @@ class RestoreCompleted(Event, frozen=True, kw_only=True):
     siblings_reused: int
     siblings_redispatched: int
     rows_cleared: int
+    snapshots_untrusted: int = 0
+    """Snapshots of another projection version the restore did not use (it folded instead)."""
+    records_folded: int = 0
+    """Log records folded to reach the checkpoint (0: its snapshot was used as is)."""
+    digest_compared: bool = True
+    """False when the checkpoint's ledger digest is of another projection version."""
+    projection_version: str | None = None
+    """The projection version of the code that restored (None: before versions)."""
 
 
 @event_type
