@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from eventlog import EventLog
-from eventlog.cli._common import ExitCode, exit_code_for
+from eventlog.cli.exits import ExitCode, exit_code_for
 from eventlog.cli.main import main
 from eventlog.errors import (
     InvalidEventError,

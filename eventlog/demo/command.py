@@ -19,7 +19,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from eventlog.cli._common import ExitCode, shown_target, stderr_console, stdout_console
+from eventlog.cli.exits import ExitCode
+from eventlog.cli.output import stderr_console, stdout_console
+from eventlog.cli.targets import shown_target
 from eventlog.demo.checks import DemoCheck, check_run
 from eventlog.demo.runner import DemoOptions, DemoRun, DemoRunner
 from eventlog.demo.view import DemoView
