@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
@@ -703,10 +704,10 @@ def test_a_late_result_of_a_rolled_back_attempt_or_group_is_stale_and_recordable
     for gid, rid, receipt in (("g1", "g1_g0-a1", late), ("g2", "g2_g0", late_group)):
         with pytest.raises(StaleAttemptError, match="rolled back") as caught:
             h.run(
-                lambda cut, gid=gid, rid=rid, receipt=receipt: h.ledger.seal_sibling(
-                    cut,
-                    gid,
-                    0,
+                partial(
+                    h.ledger.seal_sibling,
+                    group_id=gid,
+                    generation_index=0,
                     rollout_id=rid,
                     receipt=receipt,
                     reward=1.0,
@@ -715,7 +716,7 @@ def test_a_late_result_of_a_rolled_back_attempt_or_group_is_stale_and_recordable
             )
         assert h.log.head() == head
         assert (caught.value.group_id, caught.value.rollout_id) == (gid, rid)
-        h.run(lambda cut, err=caught.value: h.ledger.record_rejected_result(cut, err))
+        h.run(partial(h.ledger.record_rejected_result, error=caught.value))
         head = h.log.head()
         (rejected,) = [
             r.event
