@@ -14,7 +14,12 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol, TypeVar
 
 from eventlog.events import Event
-from eventlog.recovery.vocabulary import CONTROLLER_STREAM, CheckpointCommitted, RestoreStarted
+from eventlog.recovery.vocabulary import (
+    CONTROLLER_STREAM,
+    CheckpointCommitted,
+    CheckpointRetired,
+    RestoreStarted,
+)
 from projections.siblings import LedgerState, fold
 
 
@@ -105,12 +110,27 @@ def effective(records: Iterable[RecordLike], skipped: RolledBack) -> Iterator[Re
 def effective_checkpoints(
     controller_records: Iterable[RecordLike], skipped: RolledBack
 ) -> list[tuple[int, CheckpointCommitted]]:
-    """Checkpoints a restore may go back to, oldest first, as (seq, event)."""
+    """Checkpoints a restore may go back to, oldest first, as (seq, event).
+
+    A retired checkpoint is never one, even when its CheckpointRetired was rolled back:
+    its data-plane checkpoint may be deleted already.
+    """
+    records = list(controller_records)
+    retired = retired_checkpoints(records)
     return [
         (rec.seq, rec.event)
-        for rec in effective(controller_records, skipped)
-        if isinstance(rec.event, CheckpointCommitted)
+        for rec in effective(records, skipped)
+        if isinstance(rec.event, CheckpointCommitted) and rec.seq not in retired
     ]
+
+
+def retired_checkpoints(controller_records: Iterable[RecordLike]) -> set[int]:
+    """The seqs of every retired checkpoint, rolled-back retirements included."""
+    return {
+        rec.event.checkpoint_seq
+        for rec in controller_records
+        if isinstance(rec.event, CheckpointRetired)
+    }
 
 
 def rebuild(

@@ -192,9 +192,9 @@ def test_a_digest_of_another_version_is_told_apart_from_a_divergence(harness: Ha
 def test_a_checkpoint_written_before_projection_versions_still_restores(tmp_path: Path) -> None:
     copy = tmp_path / "old"
     shutil.copytree(OLD, copy, ignore=shutil.ignore_patterns("data_plane"))
-    upgraded = CliRunner().invoke(main, ["db", "upgrade", str(copy / "run.db")])
+    upgraded = CliRunner().invoke(main, ["db", "upgrade", str(copy / "run.sqlite")])
     assert upgraded.exit_code == 0, upgraded.output
-    with EventLog.open(copy / "run.db") as log:
+    with EventLog.open(copy / "run.sqlite") as log:
         (rec,) = [r for r in log.read(types=["CheckpointCommitted"])]
         assert isinstance(rec.event, CheckpointCommitted)
         assert rec.event.projection_version is None
@@ -205,7 +205,7 @@ def test_a_checkpoint_written_before_projection_versions_still_restores(tmp_path
         prompts = json.loads((copy / "prompts.json").read_text())
         dataset = ListDataset(prompts)
         h = Harness(
-            path=copy / "run.db",
+            path=copy / "run.sqlite",
             log=log,
             data_plane=InMemoryDataPlane(),
             ledger=RecoveryLedger(log, InMemoryDataPlane()),

@@ -15,17 +15,20 @@ version cannot be compared (ProjectionVersionError, told apart from a real diver
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 
-from eventlog.dataplane.protocol import DataPlane
+from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
 from eventlog.recovery.errors import LedgerRuleError, ProjectionVersionError, ReconciliationError
-from eventlog.recovery.vocabulary import CheckpointCommitted
-from projections.history import RolledBack
+from eventlog.recovery.vocabulary import CheckpointCommitted, CheckpointRetired
+from projections.history import RecordLike, RolledBack, effective, retired_checkpoints
 from projections.reconcile import referenced_keys
 from projections.siblings import LedgerState, RuleViolation, fold, state_digest
 from projections.version import PROJECTION_VERSION
@@ -174,6 +177,73 @@ def check_rows(state: LedgerState, data_plane: DataPlane, partition: str) -> Non
             )
 
 
+_FRESH = re.compile(r"^step-\d+-seq-\d+-[0-9a-f]+$")
+
+
+def checkpoint_location(directory: str, step: int, covers_seq: int, chain: bytes) -> Path:
+    """Where a checkpoint's data plane goes: a fresh folder under `directory`, never one that
+    a committed checkpoint references.
+
+    Named by the log position the cut covers and that position's chain value: every committed
+    checkpoint covers a different seq of its log (its own record comes after the seq it
+    covers), and another log's chain differs, so the only folder that can already be there is
+    the leftover of an attempt at this very cut that crashed before it was committed.
+    """
+    return Path(directory).resolve() / f"step-{step}-seq-{covers_seq}-{chain.hex()[:12] or '0'}"
+
+
+def save_fresh(data_plane: DataPlane, location: Path) -> DataPlaneCheckpoint:
+    """Save the data plane into `location`, first removing an uncommitted leftover there."""
+    if location.exists():
+        logger.warning("removing %s: left by a checkpoint that was never committed", location)
+        shutil.rmtree(location)
+    return data_plane.save_checkpoint(str(location))
+
+
+def retire_events(
+    controller_records: Iterable[RecordLike], skipped: RolledBack, *, keep: int
+) -> list[CheckpointRetired]:
+    """Retire every checkpoint but the newest `keep` effective ones (rolled-back ones too).
+
+    Only after a newer checkpoint was committed; the caller appends these, then deletes
+    each `deleted` data-plane checkpoint (log first, delete after: a crash in between leaves
+    files of a retired checkpoint, which `retire_events` lists again for deletion).
+    """
+    if keep < 1:
+        raise LedgerRuleError(f"keep must be at least 1 (the newest checkpoint), found {keep}")
+    records = list(controller_records)
+    retired = retired_checkpoints(records)
+    live = {rec.seq for rec in effective(records, skipped)}
+    checkpoints = [
+        (rec.seq, rec.event)
+        for rec in records
+        if isinstance(rec.event, CheckpointCommitted) and rec.seq not in retired
+    ]
+    kept = {seq for seq, _ in [c for c in checkpoints if c[0] in live][-keep:]}
+    events = []
+    for seq, ckpt in checkpoints:
+        if seq in kept:
+            continue
+        why = "rolled back by a restore" if seq not in live else f"older than the newest {keep}"
+        events.append(
+            CheckpointRetired(
+                step=ckpt.step,
+                checkpoint_seq=seq,
+                data_plane_ref=ckpt.data_plane_ref,
+                deleted=_FRESH.match(Path(ckpt.data_plane_ref).name) is not None,
+                reason=why,
+            )
+        )
+    return events
+
+
+def delete_retired(events: Iterable[CheckpointRetired]) -> None:
+    """Delete the data-plane checkpoints the appended CheckpointRetired events gave up."""
+    for event in events:
+        if event.deleted:
+            shutil.rmtree(event.data_plane_ref, ignore_errors=True)
+
+
 def checkpoint_event(
     state: LedgerState,
     data_plane: DataPlane,
@@ -186,7 +256,9 @@ def checkpoint_event(
     """Check the state can be checkpointed, save the data plane, and return the event to append.
 
     Refuses while a group is finalizing or finalization_unknown and checks every sealed
-    staging row exists; appends nothing (the ledger commits the event, then `save_snapshot`).
+    staging row exists; saves into a fresh folder under `directory` (checkpoint_location), so
+    a crash before the event is committed leaves the newest committed checkpoint whole.
+    Appends nothing (the ledger commits the event, then `save_snapshot`).
     """
     for group in state.groups.values():
         if group.status in ("finalizing", "finalization_unknown"):
@@ -196,8 +268,8 @@ def checkpoint_event(
                 hint="finish or resolve finalization first",
             )
     check_rows(state, data_plane, partition)
-    saved = data_plane.save_checkpoint(directory)
     covers_seq, chain = log.tail_chain()
+    saved = save_fresh(data_plane, checkpoint_location(directory, step, covers_seq, chain))
     return CheckpointCommitted(
         step=step,
         data_plane_ref=saved.ref,

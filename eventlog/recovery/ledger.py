@@ -37,6 +37,7 @@ import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import msgspec
 
@@ -47,7 +48,14 @@ from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
 from eventlog.recovery.barrier import Cut, MutationBarrier
-from eventlog.recovery.checkpoint import check_rows, checkpoint_event, fold_until, save_snapshot
+from eventlog.recovery.checkpoint import (
+    check_rows,
+    checkpoint_event,
+    delete_retired,
+    fold_until,
+    retire_events,
+    save_snapshot,
+)
 from eventlog.recovery.config import (
     DEFAULT_STAGING_PARTITION,
     DEFAULT_TRAINING_PARTITION,
@@ -70,6 +78,7 @@ from eventlog.recovery.vocabulary import (
     AttemptFailed,
     AttemptRef,
     CheckpointCommitted,
+    CheckpointRetired,
     ClearedKey,
     ControllerEpochStarted,
     FinalizationRetryable,
@@ -917,12 +926,16 @@ class RecoveryLedger:
 
     # -- checkpoint and restore ------------------------------------------------------------
 
-    def checkpoint(self, cut: Cut, *, step: int, directory: str) -> CheckpointCommitted:
+    def checkpoint(
+        self, cut: Cut, *, step: int, directory: str, keep: int | None = None
+    ) -> CheckpointCommitted:
         """A consistent cut of ledger, data plane and log (inside `barrier.checkpoint()`).
 
         Refuses while a group is finalizing or finalization_unknown, checks every sealed
-        staging row exists, saves the data plane's checkpoint under `directory`, appends
-        CheckpointCommitted and stores a projection snapshot at its seq.
+        staging row exists, saves the data plane's checkpoint into a fresh folder under
+        `directory` (which may be reused), appends CheckpointCommitted and stores a projection
+        snapshot at its seq. `keep`: then retire all but the newest `keep` checkpoints
+        (`retire_checkpoints`). The crash points are walked in DURABILITY.md §9.
         """
         self._require_cut(cut)
         if not cut.exclusive:
@@ -949,7 +962,30 @@ class RecoveryLedger:
             event.group_count,
             event.row_count,
         )
+        if keep is not None:
+            self.retire_checkpoints(cut, keep=keep)
         return event
+
+    def retire_checkpoints(self, cut: Cut, *, keep: int) -> list[CheckpointRetired]:
+        """Give up every checkpoint but the newest `keep` (and rolled-back ones): one
+        CheckpointRetired each, appended before its data-plane checkpoint is deleted.
+
+        A retired checkpoint is never restored again. Run it after a checkpoint commits, so
+        the newest committed one is always kept; a crash after the append leaves files that
+        the next call deletes.
+        """
+        self._require_cut(cut)
+        controller = list(self.log.read_stream(CONTROLLER_STREAM))
+        events = retire_events(controller, self._skipped, keep=keep)
+        if events:
+            self._commit(cut, [(CONTROLLER_STREAM, None, events)])
+        already = [
+            r.event
+            for r in controller
+            if isinstance(r.event, CheckpointRetired) and Path(r.event.data_plane_ref).exists()
+        ]
+        delete_retired([*already, *events])
+        return events
 
     def check_rows(self) -> None:
         """Every staging key a sealed attempt owns must be in the data plane (fail closed)."""

@@ -337,6 +337,21 @@ class CheckpointCommitted(Event, frozen=True, kw_only=True):
 
 
 @event_type
+class CheckpointRetired(Event, frozen=True, kw_only=True):
+    """An older checkpoint was given up after a newer one was committed; its data-plane
+    checkpoint is deleted after this is appended (`deleted` false: it was not one the ledger
+    created in a fresh location, so it is left where it is). It counts even when a later
+    restore rolls this record back: its files may already be gone."""
+
+    schema: ClassVar[int] = 1
+    step: int
+    checkpoint_seq: Annotated[int, msgspec.Meta(ge=1)]
+    data_plane_ref: str
+    deleted: bool
+    reason: str
+
+
+@event_type
 class RestoreStarted(Event, frozen=True, kw_only=True):
     """A restore went back to a checkpoint: records from `rolled_back_from_seq` up to this one
     are rolled back (kept for audits, skipped by every rebuild)."""
