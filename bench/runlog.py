@@ -69,12 +69,14 @@ from eventlog.recovery.vocabulary import (
 )
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import GroupState, LedgerState, fold, state_digest
+from projections.version import PROJECTION_VERSION
 
 logger = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 """Bump when the generated log changes; cached logs of other versions are rebuilt (3: the
-in-memory data plane checkpoints in its own format, and logs at migration head)."""
+in-memory data plane checkpoints in its own format, and logs at migration head; 4: snapshots
+and checkpoints carry the projection version, without which a restore does not trust them)."""
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "bench"
@@ -502,6 +504,7 @@ class _Generator:
             inventory_digest=saved.inventory_digest,
             row_count=saved.row_count,
             ledger_digest=state_digest(self.state),
+            projection_version=PROJECTION_VERSION,
             group_count=len(self.state.groups),
             covers_seq=covers_seq,
             chain=chain.hex(),
@@ -509,7 +512,13 @@ class _Generator:
         self.emit(CONTROLLER_STREAM, event)
         self.flush()
         seq = self.log.head()
-        snapshot = Snapshot(state=self.state, versions=dict(self.ledger_versions))
+        # As the ledger stores it (eventlog.recovery.checkpoint.save_snapshot): a snapshot
+        # without this code's projection version is not trusted, and the restore folds.
+        snapshot = Snapshot(
+            state=self.state,
+            versions=dict(self.ledger_versions),
+            projection_version=PROJECTION_VERSION,
+        )
         payload = msgspec.msgpack.encode(snapshot)
         self.log.save_snapshot(SNAPSHOT_NAME, seq, payload)
         self.checkpoints.append(
