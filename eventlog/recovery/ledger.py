@@ -35,18 +35,18 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 
 from eventlog import codec
-from eventlog.dataplane.protocol import DataPlane
+from eventlog.dataplane.protocol import DataPlane, Row
 from eventlog.errors import ConcurrencyError, InvalidEventError
 from eventlog.events import Event
 from eventlog.log import EventLog
-from eventlog.records import NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
+from eventlog.records import ANY, NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
 from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.checkpoint import (
     check_rows,
@@ -66,6 +66,7 @@ from eventlog.recovery.errors import ControllerFencedError, LedgerRuleError, Sta
 from eventlog.recovery.replay_ownership import ReplayOwnership
 from eventlog.recovery.restore import (
     Dataset,
+    GroupPlan,
     Prompt,
     RestorePlan,
     finish_restore,
@@ -173,7 +174,13 @@ def _rules() -> Iterator[None]:
 
 
 class RecoveryLedger:
-    """Per-group sibling/attempt ownership, recorded in the log before the controller acts."""
+    """Per-group sibling/attempt ownership, recorded in the log before the controller acts.
+
+    Every command validates first and appends nothing when it refuses (a typed error naming
+    the group, sibling or attempt). A command with nothing to do (no sibling to dispatch,
+    nothing to retry, abandon or clear, an identical repeat of a seal) returns quietly: an
+    empty result or False, nothing appended.
+    """
 
     def __init__(
         self,
@@ -531,6 +538,8 @@ class RecoveryLedger:
         wanted = (
             group.indices("reserved") if generation_indices is None else list(generation_indices)
         )
+        if not wanted:
+            return []  # nothing to dispatch: quietly, like every command with nothing to do
         with _rules():
             refs = [attempt_ref(index, group.sibling(index).current) for index in wanted]
         self._commit_group(cut, group_id, [SiblingsDispatched(group_id=group_id, attempts=refs)])
@@ -1029,6 +1038,84 @@ class RecoveryLedger:
         if prepared.canonical_orphans:
             self.data_plane.delete_rows(self.training_partition, prepared.canonical_orphans)
         return plan
+
+    # -- one call each: what a controller author reaches for --------------------------------
+
+    def stage(self, rollout_id: str, rows: Mapping[str, Row], *, weight_version: int) -> Receipt:
+        """Stage an attempt's rows in one call; returns the receipt to seal it with.
+
+        Puts the rows (keys unique per attempt and call) into the staging partition, each
+        tagged with `rollout_id`, then, once the data plane acknowledged them, appends one
+        TokensStaged per row to the attempt's stream: restore clears rows by these records.
+        A row's token count is the length of its `token_ids`. Workers call it outside the
+        barrier; not while a checkpoint saves the data plane.
+        """
+        keys = list(rows)
+        if not keys:
+            return Receipt(rollout_id=rollout_id, staging_keys=[])
+        tags = {key: {"rollout_id": rollout_id, "call": str(call)} for call, key in enumerate(keys)}
+        self.data_plane.put_rows(self.staging_partition, rows, tags)
+        staged = [
+            TokensStaged(
+                rollout_id=rollout_id,
+                partition=self.staging_partition,
+                staging_key=key,
+                token_count=_token_count(rows[key]),
+                weight_version=weight_version,
+            )
+            for key in keys
+        ]
+        self.log.append(attempt_stream(rollout_id), staged, ANY)
+        return Receipt(rollout_id=rollout_id, staging_keys=keys)
+
+    def fail(
+        self, cut: Cut, group_id: str, generation_index: int, *, rollout_id: str, error: str
+    ) -> list[AttemptRef]:
+        """A live failure in one call: record it, retry by the group's granularity, dispatch.
+
+        `sibling`: only the failed sibling reruns; its siblings keep running. `prompt_group`:
+        every unsealed sibling is abandoned and all rerun under one new attempt number.
+        Returns the dispatched retries (hand them to workers). A failure of an attempt that
+        is no longer current raises StaleAttemptError and appends nothing.
+        """
+        self.fail_attempt(cut, group_id, generation_index, rollout_id=rollout_id, error=error)
+        if self.group(group_id).granularity == Granularity.PROMPT_GROUP:
+            reason = f"sibling {generation_index} failed ({rollout_id}): {error}"
+            self.abandon_unsealed(cut, group_id, reason=reason)
+        retries = self.prepare_retry(cut, group_id)
+        return self.dispatch(cut, group_id, [r.generation_index for r in retries])
+
+    def unused_group_id(self, base: str) -> str:
+        """`base`, else `base-r1`, `base-r2`, ...: the first id no group ever used.
+
+        A group id names one group forever, even when a restore rolled its reservation back
+        (its attempt streams outlive it), so a dataloader prompt reserved again after such a
+        restore takes the id this returns.
+        """
+        candidate, n = base, 0
+        while self.log.stream_version(group_stream(candidate)) is not None:
+            n += 1
+            candidate = f"{base}-r{n}"
+        return candidate
+
+    def admit_restored(
+        self, cut: Cut, plan: RestorePlan, *, target_step: int, start_weight_version: int
+    ) -> list[GroupPlan]:
+        """Every group a restore plan brings back, as one list to resume: admitted groups as
+        they were, and reserved ones admitted now (each admission once, at `target_step`)."""
+        for admission in plan.reserved:
+            self.admit(
+                cut,
+                admission.admission_id,
+                target_step=target_step,
+                start_weight_version=start_weight_version,
+            )
+        return [*plan.admitted, *(group for a in plan.reserved for group in a.groups)]
+
+
+def _token_count(row: Row) -> int:
+    ids = row.get("token_ids")
+    return len(ids) if isinstance(ids, Sized) else 0
 
 
 def _agent_name(prompt: Prompt) -> str | None:

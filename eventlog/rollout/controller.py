@@ -42,7 +42,6 @@ from eventlog.recovery.vocabulary import (
     AttemptRef,
     PromptRef,
     SiblingResult,
-    group_stream,
     rollout_id_for,
 )
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
@@ -249,17 +248,8 @@ class Controller:
         return group
 
     def _fresh_group_id(self, step: int, order: int) -> str:
-        """`step{S}-g{J}`, suffixed when a rolled-back reservation already used that id.
-
-        A group id is used once (the ledger refuses it again: its rolled-back attempt streams
-        still exist), so the prompt is reserved again under the next free suffix.
-        """
-        base = f"step{step}-g{order}"
-        candidate, n = base, 0
-        while self.log.stream_version(group_stream(candidate)) is not None:
-            n += 1
-            candidate = f"{base}-r{n}"
-        return candidate
+        """`step{S}-g{J}`, suffixed when a rolled-back reservation already used that id."""
+        return self.ledger.unused_group_id(f"step{step}-g{order}")
 
     async def _open_step(self, step: int) -> None:
         """Reserve, admit and dispatch a step's groups (once; a restore may have done it)."""
