@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, str] = {
     "diff": "eventlog.recovery.cli.diff:diff",
     "export": "eventlog.recovery.cli.export:export",
     "report": "eventlog.recovery.cli.report:report_command",
+    "resolve-finalization": "eventlog.recovery.cli.resolve:resolve_finalization",
     "runs": "eventlog.recovery.cli.runs:runs",
 }
 
