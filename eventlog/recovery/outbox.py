@@ -60,6 +60,11 @@ class Outbox:
         self._log_id = log.info()["log_id"]
         self._scanned = 0
         """Seals up to this seq already have their pending records (scans start after it)."""
+        self._state = OutboxState()
+        self._next_version = 0
+        """The outbox stream is folded incrementally: each call reads only what is new."""
+        self._controller_version: int | None = None
+        self._skipped = RolledBack()
 
     def key(self, rollout_id: str) -> str:
         """The idempotency key of one result: unique across runs and logs."""
@@ -71,7 +76,7 @@ class Outbox:
         Call it after sealing, and after a restart or restore (a crash may have fallen
         between a seal and its pending record). Returns what it recorded.
         """
-        state, skipped = self._state()
+        state, skipped = self._refresh()
         head = self.log.head()
         records = self.log.read(
             self._scanned + 1, head, types=[SiblingSealed.__name__, GroupSealed.__name__]
@@ -98,7 +103,7 @@ class Outbox:
 
     def pending(self) -> list[AcknowledgementPending]:
         """Acknowledgements owed and not recorded as delivered (their seals count)."""
-        state, skipped = self._state()
+        state, skipped = self._refresh()
         return [p for _, p in undelivered(state, skipped)]
 
     def deliver(self) -> list[str]:
@@ -107,7 +112,7 @@ class Outbox:
         Returns the keys delivered. A receiver that raises stops the round: what it did not
         accept stays pending for the next `deliver`.
         """
-        state, skipped = self._state()
+        state, skipped = self._refresh()
         sent: list[str] = []
         for seq, pending in undelivered(state, skipped):
             self.receiver.acknowledge(pending.key, pending)
@@ -117,12 +122,17 @@ class Outbox:
             sent.append(pending.key)
         return sent
 
-    def _state(self) -> tuple[OutboxState, RolledBack]:
-        state = OutboxState()
-        for rec in self.log.read_stream(OUTBOX_STREAM):
-            fold_outbox(state, rec.seq, rec.event)
-        skipped = rolled_back(self.log.read_stream(CONTROLLER_STREAM))
-        return state, skipped
+    def _refresh(self) -> tuple[OutboxState, RolledBack]:
+        """The outbox folded up to the log's present, and the rolled-back seqs (re-read only
+        when the controller stream changed: a restore adds a range)."""
+        for rec in self.log.read_stream(OUTBOX_STREAM, self._next_version):
+            fold_outbox(self._state, rec.seq, rec.event)
+            self._next_version = rec.version + 1
+        version = self.log.stream_version(CONTROLLER_STREAM)
+        if version != self._controller_version:
+            self._skipped = rolled_back(self.log.read_stream(CONTROLLER_STREAM))
+            self._controller_version = version
+        return self._state, self._skipped
 
 
 def _event_id(key: str, step: str) -> uuid.UUID:
