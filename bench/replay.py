@@ -11,7 +11,10 @@ On a realistic run log of 10^6 records (`bench.runlog`, generated once and cache
   stored at the checkpoint, and without it (a copy of the log whose snapshots are gone, as a
   crash right after the CheckpointCommitted append leaves it: the fold starts at seq 1);
 - `open`: `RecoveryLedger.open` (continue after a controller restart that kept its data
-  plane): the latest snapshot plus the records after it, and without snapshots.
+  plane): the latest snapshot plus the records after it, and without snapshots;
+- `restore_other_version`: the restore with its snapshots rewritten as of another projection
+  version (what the first restore after a code change that reshaped the ledger state meets):
+  not trusted, so it folds from seq 1; reported beside the same-version restore.
 
 Each restore/open runs in a fresh child process on a private copy of the log (a restore
 appends to it), so its peak resident memory (`ru_maxrss`) is its own; the child also times the
@@ -29,6 +32,7 @@ import json
 import os
 import resource
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -124,6 +128,8 @@ def child(what: str, log_path: str) -> dict[str, Any]:
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu
         groups = len(ledger.state.groups)
+        done = [r.event for r in log.read(types=["RestoreCompleted"])]
+        untrusted = getattr(done[-1], "snapshots_untrusted", 0) if done else 0
     phases["other_s"] = max(0.0, seconds - sum(phases.values()))
     return {
         "seconds": seconds,
@@ -131,6 +137,7 @@ def child(what: str, log_path: str) -> dict[str, Any]:
         "phases": phases,
         "groups": groups,
         "counts": counts,
+        "snapshots_untrusted": untrusted,
         "maxrss_mb": _maxrss_mb(),
         "baseline_maxrss_mb": baseline,
     }
@@ -279,6 +286,7 @@ def recovery_rows(
             "baseline_maxrss_mb": round(statistics.median(g["baseline_maxrss_mb"] for g in got), 1),
             "groups": got[0]["groups"],
             "counts": got[0]["counts"],
+            "snapshots_untrusted": got[0]["snapshots_untrusted"],
             "repeats": repeats,
         }
         on_row(row)
@@ -287,6 +295,71 @@ def recovery_rows(
     with_s, without_s = by[("restore", True)]["seconds"], by[("restore", False)]["seconds"]
     by[("restore", True)]["speedup_vs_no_snapshot"] = round(without_s / with_s, 2)
     return rows
+
+
+def _as_other_projection_version(path: Path) -> None:
+    """Rewrite every snapshot of the copy as if another projection version had written it."""
+    import msgspec
+
+    with sqlite3.connect(path) as conn:
+        for name, seq, payload in conn.execute(
+            "SELECT name, seq, payload FROM snapshots"
+        ).fetchall():
+            snapshot = msgspec.msgpack.decode(payload)
+            snapshot["projection_version"] = "0.another-version"
+            conn.execute(
+                "UPDATE snapshots SET payload = ? WHERE name = ? AND seq = ?",
+                (msgspec.msgpack.encode(snapshot), name, seq),
+            )
+    conn.close()
+
+
+def other_version_rows(
+    run: RunLog,
+    repeats: int,
+    work: Path,
+    on_row: Callable[[dict[str, Any]], None],
+    same_version: Sequence[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The restore whose snapshots are of another projection version, beside the same-version
+    restore of the same log (`same_version`: recovery_rows' rows)."""
+    got = []
+    for repeat in range(repeats):
+        copy = copy_log(run, work / f"other-version-r{repeat}.db", keep_snapshots=True)
+        try:
+            _as_other_projection_version(copy)
+            got.append(_run_child("restore", copy))
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{copy}{suffix}").unlink(missing_ok=True)
+    seconds = _spread([g["seconds"] for g in got])
+    same = next(r for r in same_version if r["benchmark"] == "restore" and r["snapshot"])
+    row = {
+        "benchmark": "restore_other_version",
+        "records": run.records,
+        "snapshot": True,
+        "seconds": seconds["median"],
+        "seconds_min": seconds["min"],
+        "seconds_max": seconds["max"],
+        "seconds_each": seconds["each"],
+        "records_per_s": round(run.records / seconds["median"], 1),
+        "folded_records": run.manifest["checkpoints"][-1]["seq"],
+        "cpu_s": round(statistics.median(g["cpu_s"] for g in got), 3),
+        "phases_s": {
+            p: round(statistics.median(g["phases"].get(p, 0.0) for g in got), 3)
+            for p in sorted({p for g in got for p in g["phases"]})
+        },
+        "maxrss_mb": round(max(g["maxrss_mb"] for g in got), 1),
+        "baseline_maxrss_mb": round(statistics.median(g["baseline_maxrss_mb"] for g in got), 1),
+        "groups": got[0]["groups"],
+        "counts": got[0]["counts"],
+        "snapshots_untrusted": got[0]["snapshots_untrusted"],
+        "same_version_seconds": same["seconds"],
+        "vs_same_version": round(seconds["median"] / same["seconds"], 2),
+        "repeats": repeats,
+    }
+    on_row(row)
+    return [row]
 
 
 def _append_reference(out_dir: Path | None) -> dict[str, Any] | None:
@@ -550,6 +623,7 @@ def run(
         for row in main_rows:
             row["main"] = True
         rows += main_rows
+        rows += other_version_rows(run_info, repeats, work, on_row, main_rows)
         if sizes is None:
             sizes = QUICK_SIZES if quick else SIZES
         rows += size_rows(

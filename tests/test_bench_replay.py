@@ -83,6 +83,7 @@ def test_small_replay_benchmark_writes_every_row_with_the_same_restore_either_wa
         ("restore", True),
         ("restore", False),
         ("open", True),
+        ("restore_other_version", True),
     }
     head = results.header["run_log"]["head"]
     for row in rows:
@@ -99,6 +100,11 @@ def test_small_replay_benchmark_writes_every_row_with_the_same_restore_either_wa
     assert without["phases_s"]["fold_s"] > 0
     assert with_snapshot["maxrss_mb"] >= with_snapshot["baseline_maxrss_mb"] > 0
     assert with_snapshot["speedup_vs_no_snapshot"] > 0
+    other = by[("restore_other_version", True)]
+    assert with_snapshot["snapshots_untrusted"] == 0
+    assert other["counts"] == with_snapshot["counts"]
+    assert other["snapshots_untrusted"] >= 1 and other["phases_s"]["fold_s"] > 0
+    assert other["vs_same_version"] > 0
     assert len(results.targets) == 5
     assert {t["status"] for t in results.targets} <= {"PASS", "MISS"}
     assert (out / "replay.machine.json").is_file()
