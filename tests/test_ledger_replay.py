@@ -8,7 +8,13 @@ import pytest
 
 from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.vocabulary import REPLAY_STREAM, ReplayEvicted
-from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
+from tests.fixtures.ledger import Harness, backend_harness_fixture  # noqa: F401
+
+
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    return backend_harness
 
 
 def _finalize(h: Harness, gid: str) -> None:

@@ -24,7 +24,13 @@ from eventlog.recovery.vocabulary import (
     parse_rollout_id,
     rollout_id_for,
 )
-from tests.fixtures.ledger import Harness, harness_fixture, make_prompt  # noqa: F401
+from tests.fixtures.ledger import Harness, backend_harness_fixture, make_prompt  # noqa: F401
+
+
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    return backend_harness
 
 
 def _sealed(h: Harness, gid: str) -> list[int]:
@@ -531,7 +537,7 @@ def test_second_controller_writing_concurrently_gets_concurrency_error(harness: 
     h.reserve("g1", n=2)
     h.dispatch("g1")
     receipt = h.stage("g1_g0")
-    other_log = EventLog.open(h.path)
+    other_log = EventLog.open(h.location)
     try:
         other = RecoveryLedger.open(other_log, h.data_plane)
         assert (h.ledger.epoch, other.epoch) == (1, 2)

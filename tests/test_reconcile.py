@@ -25,7 +25,13 @@ from projections.siblings import (
     RuleViolation,
     SiblingState,
 )
-from tests.fixtures.ledger import STAGING, Harness, harness_fixture  # noqa: F401
+from tests.fixtures.ledger import STAGING, Harness, backend_harness_fixture  # noqa: F401
+
+
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    return backend_harness
 
 
 def _group(gid: str, keys_by_sibling: list[list[str] | None]) -> GroupState:

@@ -23,7 +23,14 @@ from eventlog.recovery.vocabulary import (
 )
 from projections.history import effective, rolled_back
 from projections.siblings import state_digest
-from tests.fixtures.ledger import Harness, harness_fixture  # noqa: F401
+from tests.fixtures.ledger import Harness, backend_harness_fixture  # noqa: F401
+
+
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    return backend_harness
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +98,7 @@ def test_sealed_siblings_are_reused_across_a_process_restart(harness: Harness) -
     h.checkpoint(5)
     h.log.close()
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(h.path), json.dumps(h.dataset.prompts)],
+        [sys.executable, "-c", _CHILD, h.location, json.dumps(h.dataset.prompts)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -370,10 +377,10 @@ def test_repeated_restores_keep_live_and_rebuilt_state_equal(harness: Harness) -
     assert h.ledger.group("g1").siblings[1].current.rollout_id == "g1_g1-a3"
 
 
-def test_restore_after_a_snapshot_loss_folds_the_log_instead(harness: Harness) -> None:
+def test_restore_after_a_snapshot_loss_folds_the_log_instead(sqlite_harness: Harness) -> None:
     import sqlite3
 
-    h = harness
+    h = sqlite_harness
     h.reserve("g1", n=2)
     h.dispatch("g1")
     h.seal("g1", 1)
