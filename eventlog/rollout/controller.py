@@ -37,6 +37,7 @@ from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.config import RecoveryConfig
 from eventlog.recovery.errors import ConfigError, LedgerRuleError, StaleAttemptError
 from eventlog.recovery.ledger import RecoveryLedger
+from eventlog.recovery.outbox import AckReceiver, Outbox
 from eventlog.recovery.restore import GroupPlan, Prompt, RestorePlan
 from eventlog.recovery.vocabulary import (
     AttemptRef,
@@ -124,6 +125,7 @@ class Controller:
         owner: str | None = None,
         restore_step: int | None = None,
         pool: RolloutPool | None = None,
+        acknowledge: AckReceiver | None = None,
     ) -> None:
         if config.rollout_recovery is None:
             raise ConfigError(
@@ -156,6 +158,9 @@ class Controller:
                 faults=faults,
             )
         self.report = RunReport()
+        self.acknowledge = acknowledge
+        """Where sealed results are acknowledged exactly once (the agent environment), if any."""
+        self.outbox: Outbox | None = None
         self._ledger: RecoveryLedger | None = None
         self._groups: dict[str, _Group] = {}
         self._steps: dict[int, list[str]] = {}
@@ -174,6 +179,7 @@ class Controller:
         self._crash = asyncio.get_running_loop().create_future()
         try:
             start = await self._begin()
+            self._acknowledged()  # after a restore: what a crash left unsent
             self.report.started_at_step = start
             last = self.settings.steps
             for step in range(start + 1, last + 1):
@@ -182,6 +188,7 @@ class Controller:
                 await self._wait_step(step)
                 await self._train(step)
                 await self._checkpoint(step)
+                self._acknowledged()  # and what a busy environment refused meanwhile
         finally:
             await self._cancel_all()
             self.report.replaced_workers = list(self.pool.replaced)
@@ -373,6 +380,23 @@ class Controller:
         return current.rollout_id == ref.rollout_id and current.status == "dispatched"
 
     async def _on_result(self, group: _Group, result: AttemptResult) -> None:
+        await self._seal_result(group, result)
+        self._acknowledged()
+
+    def _acknowledged(self) -> None:
+        """Record pending acknowledgements of new seals and send what is not delivered; a
+        receiver that fails leaves them pending for the next seal (or the next restart)."""
+        if self.acknowledge is None:
+            return
+        if self.outbox is None:
+            self.outbox = Outbox(self.log, self.acknowledge)
+        self.outbox.record_seals()
+        try:
+            self.outbox.deliver()
+        except Exception as exc:  # the environment is down: keep training, retry later
+            logger.warning("acknowledgements stay pending: %s: %s", type(exc).__name__, exc)
+
+    async def _seal_result(self, group: _Group, result: AttemptResult) -> None:
         if result.reward is None or result.mask_sample is None:
             raise LedgerRuleError(
                 f"attempt {result.rollout_id!r}: finished without reward or mask_sample"
