@@ -304,6 +304,11 @@ def postgres_targets(url: str) -> Callable[[int], str]:
 @click.option("--max-delay", type=float, default=0.4, show_default=True, help="seconds")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--postgres", "postgres_url", help="soak a PostgreSQL database (emptied first)")
+@click.option(
+    "--ledger",
+    is_flag=True,
+    help="kill recovery-ledger controllers instead of appenders (bench/soak_ledger.py)",
+)
 @click.option("--out", type=click.Path(path_type=Path), help="results file (JSON)")
 def main(
     kills: int,
@@ -311,9 +316,25 @@ def main(
     max_delay: float,
     seed: int,
     postgres_url: str | None,
+    ledger: bool,
     out: Path | None,
 ) -> None:
     folder = Path(tempfile.mkdtemp(prefix="eventlog-soak-"))
+    if ledger:
+        from bench.soak_ledger import run_ledger_soak
+
+        found = run_ledger_soak(
+            kills=kills, rotate=rotate, max_delay=max_delay, seed=seed, workdir=folder
+        )
+        result = asdict(found)
+        result["ok"] = found.ok
+        text = json.dumps(result, indent=2)
+        click.echo(text)
+        if out is not None:
+            out.write_text(text + "\n")
+        if not found.ok:
+            sys.exit(1)
+        return
     if postgres_url:
         factory, backend = postgres_targets(postgres_url), "postgresql"
     else:
