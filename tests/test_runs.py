@@ -3,18 +3,25 @@ neither read nor write another run's records (on the real PostgreSQL server)."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
+from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
 from eventlog import EventLog
+from eventlog.cli.main import main
 from eventlog.errors import InvalidEventError, StorageUnavailableError
 from eventlog.log import resolve_url
 from eventlog.records import NO_STREAM, Proposed
 from eventlog.store import migrate
 from eventlog.store.postgres import LOCK_KEY
 from eventlog.store.runs import find_runs, lock_key, schema_for
+from eventlog.testing.postgres_server import PostgresServer, find_pg_bindir
+from tests.reliability import libpq_url
 from tests.vocabulary import LogNote
 
 pytestmark = pytest.mark.postgres
@@ -120,3 +127,38 @@ def test_a_log_made_before_runs_is_upgraded_to_the_default_run(fresh_postgres_ur
     finally:
         engine.dispose()
     assert schema_for("default") is None and schema_for("a") == "run_a"
+
+
+def test_a_runs_backup_holds_that_run_alone_and_restores(
+    postgres_server: PostgresServer, fresh_postgres_url: str, tmp_path: Path
+) -> None:
+    with (
+        EventLog.open(fresh_postgres_url, run="a") as a,
+        EventLog.open(fresh_postgres_url, run="b") as b,
+    ):
+        a.append("s", [LogNote(text=f"a{i}") for i in range(5)])
+        b.append("s", [LogNote(text="b")])
+    archive = tmp_path / "a.dump"
+    done = CliRunner().invoke(main, ["--run", "a", "backup", fresh_postgres_url, str(archive)])
+    assert done.exit_code == 0, done.output
+    with psycopg.connect(postgres_server.conninfo(), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE restored_run_a")
+    restored = postgres_server.url("restored_run_a")
+    bindir = find_pg_bindir()
+    assert bindir is not None
+    try:
+        subprocess.run(
+            [str(bindir / "pg_restore"), "--no-owner", f"--dbname={libpq_url(restored)}", archive],
+            check=True,
+            capture_output=True,
+        )
+        engine = sa.create_engine(resolve_url(restored))
+        try:
+            assert find_runs(engine) == ["a"]
+        finally:
+            engine.dispose()
+        with EventLog.open(restored, run="a", read_only=True) as copy:
+            assert _texts(copy) == [f"a{i}" for i in range(5)] and copy.verify().ok
+    finally:
+        with psycopg.connect(postgres_server.conninfo(), autocommit=True) as conn:
+            conn.execute("DROP DATABASE restored_run_a WITH (FORCE)")
