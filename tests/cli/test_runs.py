@@ -104,3 +104,17 @@ def test_runs_of_an_sqlite_file_is_the_file_and_a_run_name_is_refused(log_file: 
     refused = CliRunner().invoke(main, ["--run", "a", "info", log_file])
     assert refused.exit_code == 2 and "each run is a file of its own" in refused.output
     assert "Traceback" not in refused.output
+
+
+@pytest.mark.postgres
+def test_runs_names_a_run_that_needs_an_upgrade_and_upgrading_it_by_name_fixes_it(
+    fresh_postgres_url: str,
+) -> None:
+    assert cli("runs", fresh_postgres_url).stdout.startswith(f"{fresh_postgres_url}: no runs")
+    old = cli("--run", "old", "db", "upgrade", fresh_postgres_url, "--revision", "0003")
+    assert old.exit_code == 0, old.output
+    (row,) = json_lines(cli("runs", fresh_postgres_url, "--json").stdout)
+    assert row == {"run": "old", "log": "needs `eventlog db upgrade` (revision 0003)"}
+    assert cli("--run", "old", "db", "upgrade", fresh_postgres_url).exit_code == 0
+    (row,) = json_lines(cli("runs", fresh_postgres_url, "--json").stdout)
+    assert (row["log"], row["head"], row["state"]) == ("ok", 0, "empty")
