@@ -206,13 +206,13 @@ class RecoveryLedger:
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._fenced: str | None = None
-        self.replay = ReplayOwnership(
-            self._require_state, self._commit, data_plane, lambda: self.training_partition
-        )
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
         self._epoch_version: int | None = None
         """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
+        self.replay = ReplayOwnership(
+            self._require_state, self._commit, data_plane, lambda: self.training_partition
+        )
         """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
     # -- loading ---------------------------------------------------------------------------
@@ -376,31 +376,54 @@ class RecoveryLedger:
 
         The epoch stream is asserted first, with no events (the log's "append nothing, but
         require stream S at version v"), unless the batch takes a new epoch itself; so a
-        superseded controller fails on the epoch, not on whichever stream it touched.
+        superseded controller fails on the epoch, not on whichever stream it touched. An
+        asyncio form sends `_with_fence(requests)` with append_batch_async and hands the outcome
+        to `_conflict` / `_landed` the same way.
         """
-        taking = any(r.stream == EPOCH_STREAM for r in requests)
-        if not taking:
-            if self._epoch_version is None:
-                raise LedgerRuleError(
-                    "the ledger holds no fencing epoch (opened read_only?): commands need "
-                    "RecoveryLedger.open(...) or restore(...)"
-                )
-            requests = [AppendRequest(EPOCH_STREAM, [], self._epoch_version), *requests]
+        fenced = self._with_fence(requests)
         try:
-            results = self.log.append_batch(requests)
+            results = self.log.append_batch(fenced)
         except ConcurrencyError as exc:
-            if exc.stream == EPOCH_STREAM and not taking and self._epoch_version is not None:
-                self._superseded = self._fenced_error(self._epoch_version, exc.actual)
-                self._fenced = str(self._superseded)
-                raise self._superseded from None
-            self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
-            raise
+            raise self._conflict(exc, fenced) from None
+        self._landed(results)
+        return results
+
+    def _with_fence(self, requests: Sequence[AppendRequest]) -> list[AppendRequest]:
+        """`requests` with the epoch assertion in front (unless they take a new epoch)."""
+        if any(r.stream == EPOCH_STREAM for r in requests):
+            return list(requests)
+        if self._epoch_version is None:
+            raise LedgerRuleError(
+                "the ledger holds no fencing epoch (opened read_only?): commands need "
+                "RecoveryLedger.open(...) or restore(...)"
+            )
+        return [AppendRequest(EPOCH_STREAM, [], self._epoch_version), *requests]
+
+    def _conflict(
+        self, exc: ConcurrencyError, requests: Sequence[AppendRequest]
+    ) -> ConcurrencyError:
+        """Fence this ledger after a failed append: superseded (the epoch) or stale."""
+        asserted = requests[0] if requests else None
+        if (
+            exc.stream == EPOCH_STREAM
+            and asserted is not None
+            and asserted.stream == EPOCH_STREAM
+            and not asserted.events
+            and self._epoch_version is not None
+        ):
+            self._superseded = self._fenced_error(self._epoch_version, exc.actual)
+            self._fenced = str(self._superseded)
+            return self._superseded
+        self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
+        return exc
+
+    def _landed(self, results: Sequence[AppendResult]) -> None:
+        """Adopt the stream versions (and a new epoch) an append landed at."""
         for result in results:
             if result.versions:
                 self._versions[result.stream] = result.versions[-1]
             if result.stream == EPOCH_STREAM and result.versions:
                 self._epoch_version = result.versions[-1]
-        return results
 
     def _fenced_error(self, held: int, found: int | None) -> ControllerFencedError:
         """Name both epochs, and who took the newer one (the epoch stream's last record)."""
@@ -1009,6 +1032,7 @@ class RecoveryLedger:
         StagingCleared and RestoreCompleted; reconciles the staging rows and rehydrates every
         prompt, then returns the plan (see eventlog.recovery.restore).
         """
+        self._require_cut(cut)
         prepared = prepare_restore(
             self.log,
             self.data_plane,
@@ -1017,7 +1041,6 @@ class RecoveryLedger:
             step,
             training_partition=self.training_partition,
         )
-        self._require_cut(cut)
         try:
             (started,) = self._commit(
                 cut,
