@@ -23,7 +23,9 @@ from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
     AttemptFailed,
     AttemptRef,
+    FinalizationRetryable,
     FinalizationStarted,
+    FinalizationUnknown,
     GroupAbandoned,
     GroupAdmitted,
     GroupDiscarded,
@@ -270,6 +272,21 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
             ],
         ),
         "staging key 'shared' is in the receipts of siblings 0 and 1",
+    ),
+    "finalized with weight versions of the wrong length": (
+        FINALIZING,
+        msgspec.structs.replace(FINALIZED[-1], weight_versions=[[0], [1]]),
+        r"weight_versions must list one entry per sibling \(1\), found 2",
+    ),
+    "retryable while finalizing": (
+        FINALIZING,
+        FinalizationRetryable(group_id="g", owner="f", reason="rows missing"),
+        "cannot make finalization retryable while the group is finalizing",
+    ),
+    "retryable by another owner": (
+        [*FINALIZING, FinalizationUnknown(group_id="g", owner="f", error="timeout")],
+        FinalizationRetryable(group_id="g", owner="other", reason="rows missing"),
+        "owned by 'f', not 'other'",
     ),
     "finalized twice": (FINALIZED, FINALIZED[-1], "replay buffer owns it"),
     "discard with other keys": (
