@@ -32,6 +32,7 @@ from eventlog.recovery.vocabulary import (
     GroupSealed,
     RetryPrepared,
     SealResult,
+    SiblingsDispatched,
     SiblingSealed,
     StaleResultRejected,
     UnsealedAbandoned,
@@ -277,3 +278,61 @@ def test_a_group_finalized_before_the_checkpoint_returns_to_the_replay_buffer_an
     check = check_run(log, steps=2, groups_per_step=1)
     assert check.problems == []
     assert check.finalized_records == 2 and check.finalized_rolled_back == 0
+
+
+def test_a_restored_controller_resumes_admitted_groups_before_admitting_reserved_ones(
+    vllm_session: VllmSession, tmp_path: Path
+) -> None:
+    """Admitted groups may be the only work that can advance the trainer: they go first."""
+    import msgspec
+
+    from eventlog.recovery.barrier import MutationBarrier
+    from eventlog.recovery.ledger import RecoveryLedger
+    from eventlog.recovery.vocabulary import GroupAdmitted, PromptRef, RestoreCompleted
+
+    settings = LoopSettings(steps=2, groups_per_step=1, siblings=2, max_tokens=MAX_TOKENS)
+    source, path = DemoDataset(), tmp_path / "run.db"
+    with EventLog.open(path) as log:  # a controller that died between reserve and admit
+        plane = InMemoryDataPlane()
+        ledger = RecoveryLedger.open(log, plane, config=demo_config())
+
+        async def before_the_crash() -> None:
+            barrier = MutationBarrier("controller")
+            async with barrier.mutation("reserve") as cut:
+                for step, admitted in ((1, True), (2, False)):
+                    (sample,) = source.sample_ids(step, 1)
+                    prompt = source.get(sample)
+                    ledger.reserve(
+                        cut,
+                        group_id=f"step{step}-g0",
+                        prompt=prompt,
+                        prompt_ref=PromptRef(sample_id=sample, task_name=prompt["task_name"]),
+                        expected_generations=2,
+                        start_weight_version=0,
+                        admitted=admitted,
+                        target_step=step if admitted else None,
+                        admission_id=f"step{step}",
+                    )
+                ledger.dispatch(cut, "step1-g0")
+            async with barrier.checkpoint() as cut:
+                ledger.checkpoint(cut, step=0, directory=str(tmp_path / "ckpt0"))
+
+        vllm_session.run(before_the_crash())
+        start = log.head()
+
+    with EventLog.open(path) as log:
+        report = run_controller(vllm_session, log, tmp_path, settings=settings)
+        assert report.restore is not None
+        assert [p.group_id for p in report.restore.admitted] == ["step1-g0"]
+        after = [r for r in log.read(from_seq=start + 1)]
+        done = next(i for i, r in enumerate(after) if isinstance(r.event, RestoreCompleted))
+        order = [
+            (type(r.event).__name__, msgspec.structs.asdict(r.event).get("group_id"))
+            for r in after[done + 1 :]
+            if isinstance(r.event, SiblingsDispatched | GroupAdmitted)
+        ]
+        assert order[:2] == [
+            ("SiblingsDispatched", "step1-g0"),
+            ("GroupAdmitted", "step2-g0"),
+        ], order
+        assert [s.step for s in report.steps] == [1, 2]
