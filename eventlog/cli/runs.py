@@ -13,6 +13,7 @@ from rich.table import Table
 from eventlog.cli.output import json_line, stdout_console
 from eventlog.cli.targets import busy_timeout, require_existing, shown_target
 from eventlog.cli.times import format_ns
+from eventlog.errors import LogRevisionError
 from eventlog.log import EventLog, open_store, resolve_url
 from eventlog.store import migrate
 from eventlog.store import runs as run_names
@@ -65,17 +66,19 @@ def _describe(target: str, run: str, columns: Sequence[RunColumns]) -> dict[str,
         with translating(store.target):
             current = migrate.current_revision(store.engine)
             head_revision = migrate.head_revision(store.engine)
+            # Someone else's database, one a newer eventlog wrote, or no log: say so.
+            migrate.refuse_foreign_or_newer(store.engine, target=store.target, current=current)
+        if current is None:
+            raise LogRevisionError(
+                f"{store.target}: no eventlog log here",
+                hint=f"create one with `eventlog init {store.target}`",
+            )
     except BaseException:
         store.close()
         raise
     if current != head_revision:
         store.close()
-        known = current in migrate.known_revisions(store.engine) if current else False
-        row["log"] = (
-            "newer than this eventlog"
-            if current and not known
-            else f"needs `eventlog db upgrade` (revision {current or '(empty)'})"
-        )
+        row["log"] = f"needs `eventlog db upgrade` (revision {current})"
         return row
     with EventLog(store) as log:
         head = log.head()

@@ -15,6 +15,7 @@ from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.recovery.ledger import RecoveryLedger
 from tests.cli.helpers import cli, json_lines
 from tests.fixtures.ledger import Harness
+from tests.test_readonly_commands import TARGETS
 from tests.vocabulary import LogNote
 
 
@@ -118,3 +119,25 @@ def test_runs_names_a_run_that_needs_an_upgrade_and_upgrading_it_by_name_fixes_i
     assert cli("--run", "old", "db", "upgrade", fresh_postgres_url).exit_code == 0
     (row,) = json_lines(cli("runs", fresh_postgres_url, "--json").stdout)
     assert (row["log"], row["head"], row["state"]) == ("ok", 0, "empty")
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        ("log", 0),
+        ("empty file", 3),
+        ("foreign database", 3),
+        ("older revision", 0),
+        ("text file", 6),
+    ],
+)
+def test_runs_leaves_any_file_byte_for_byte_unchanged(tmp_path: Path, kind: str, code: int) -> None:
+    path = tmp_path / "target.db"
+    make, _ = TARGETS[kind]
+    make(path)
+    before = path.read_bytes()
+    result = CliRunner().invoke(main, ["runs", str(path)])
+    assert result.exit_code == code, result.output
+    assert path.read_bytes() == before
+    if kind == "older revision":
+        assert "needs `eventlog db upgrade` (revision 0001)" in result.output
