@@ -13,6 +13,9 @@ import random
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
@@ -26,20 +29,20 @@ from eventlog.recovery.vocabulary import (
 from projections.reconcile import referenced_keys
 from tests.fixtures.ledger import STAGING, Harness
 
-STEPS = 50
-GROUPS_PER_STEP = 40  # 2,000 groups of 2 siblings
 MAX_ATTEMPTS = 3
 
 
-class LoggedFirstDataPlane(InMemoryDataPlane):
-    """The in-memory data plane, asserting each delete was recorded in the log before it."""
+class LoggedFirstDataPlane:
+    """A data plane (in-memory or the real TQ) that asserts each delete was logged before it."""
 
-    def __init__(self, log: EventLog) -> None:
-        super().__init__()
+    deletes = 0
+    """Rows deleted through any instance (a restore starts a new one)."""
+
+    def __init__(self, log: EventLog, inner: Any) -> None:
+        self.inner = inner
         self.log = log
         self.seen = 0
         self.named: set[tuple[str, str]] = set()
-        self.deletes = 0
 
     def delete_rows(self, partition: str, keys: Iterable[str]) -> None:
         keys = list(keys)
@@ -55,13 +58,17 @@ class LoggedFirstDataPlane(InMemoryDataPlane):
                 self.named |= {(STAGING, k) for k in ev.staging_keys}
         unlogged = [k for k in keys if (partition, k) not in self.named]
         assert not unlogged, f"deleted from {partition!r} before the log named them: {unlogged}"
-        self.deletes += len(keys)
-        super().delete_rows(partition, keys)
+        LoggedFirstDataPlane.deletes += len(keys)
+        self.inner.delete_rows(partition, keys)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class Run:
-    def __init__(self, h: Harness, seed: int) -> None:
+    def __init__(self, h: Harness, seed: int, groups_per_step: int) -> None:
         self.h = h
+        self.groups_per_step = groups_per_step
         self.rng = random.Random(seed)
         self.sizes: list[int] = []
 
@@ -70,7 +77,7 @@ class Run:
         return self.h.ledger
 
     def open_step(self, step: int) -> None:
-        for j in range(GROUPS_PER_STEP):
+        for j in range(self.groups_per_step):
             gid = f"s{step}-g{j}"
             granularity = "prompt_group" if j % 4 == 0 else "sibling"
             self.h.reserve(gid, n=2, granularity=granularity, target_step=step)
@@ -206,27 +213,55 @@ class Run:
     def crash_and_restore(self) -> None:
         h = self.h
         h.fresh_process()
-        h.data_plane = LoggedFirstDataPlane(h.log)
+        h.data_plane = LoggedFirstDataPlane(h.log, h.data_plane)  # type: ignore[assignment]
         h.ledger = RecoveryLedger(h.log, h.data_plane)
         h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
 
 
-def test_a_long_run_with_failures_and_restores_leaks_no_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("plane", "steps", "groups", "every", "restore_every"),
+    [
+        ("memory", 50, 40, 5, 15),  # 2,000 groups, 10 checkpoints, 3 restores
+        pytest.param(
+            "transferqueue", 8, 4, 2, 4, marks=[pytest.mark.slow, pytest.mark.tq]
+        ),  # the real TransferQueue: 32 groups, 4 checkpoints, 2 restores
+    ],
+)
+def test_a_long_run_with_failures_and_restores_leaks_no_row(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    plane: str,
+    steps: int,
+    groups: int,
+    every: int,
+    restore_every: int,
+) -> None:
     path = tmp_path / "run.db"
     log = EventLog.open(path, durability="normal")
-    plane = LoggedFirstDataPlane(log)
+    fresh: Any = InMemoryDataPlane
+    if plane == "transferqueue":
+        tq = request.getfixturevalue("tq_data_plane")
+
+        def emptied() -> Any:  # a new process: the rows died with the old one
+            tq.clear()
+            return tq
+
+        fresh = emptied
+    LoggedFirstDataPlane.deletes = 0
+    wrapped = LoggedFirstDataPlane(log, fresh())
     h = Harness(
         path=path,
         log=log,
-        data_plane=plane,
-        ledger=RecoveryLedger.open(log, plane),
+        data_plane=wrapped,  # type: ignore[arg-type]
+        ledger=RecoveryLedger.open(log, wrapped),
         durability="normal",
+        fresh_data_plane=fresh,
     )
-    run = Run(h, seed=8)
+    run = Run(h, seed=8, groups_per_step=groups)
     try:
         run.open_step(1)
-        for step in range(1, STEPS + 1):
-            if step < STEPS:
+        for step in range(1, steps + 1):
+            if step < steps:
                 run.open_step(step + 1)
             for gid in [
                 g for g, s in h.ledger.state.groups.items() if (s.target_step or 0) <= step
@@ -235,20 +270,21 @@ def test_a_long_run_with_failures_and_restores_leaks_no_row(tmp_path: Path) -> N
             for gid in [g for g, s in h.ledger.state.groups.items() if s.target_step == step + 1]:
                 run.drive(gid, finish=False)
             run.train(step)
-            if step % 5 == 0:
+            if step % every == 0:
                 run.checkpoint(step)
-                if step % 15 == 0:
+                if step % restore_every == 0:
                     run.crash_and_restore()
         # Every restore, discard, retry and finalization outcome happened; nothing leaked.
-        assert len(run.sizes) == STEPS // 5
+        assert len(run.sizes) == steps // every
         kinds = [r.type for r in h.log.read()]
-        for kind in ("RestoreCompleted", "GroupDiscarded", "FinalizationRetryable", "RowsCleared"):
-            assert kind in kinds, kind
-        assert kinds.count("RestoreCompleted") == STEPS // 15
-        assert h.data_plane.deletes > 0  # type: ignore[attr-defined]
+        assert kinds.count("RestoreCompleted") == steps // restore_every
+        if plane == "memory":
+            for kind in ("GroupDiscarded", "FinalizationRetryable", "RowsCleared"):
+                assert kind in kinds, kind
+        assert LoggedFirstDataPlane.deletes > 0
         first, peak = run.sizes[0], max(run.sizes)
         # Bounded by one step in flight and one step waiting: not by the number of steps.
-        assert peak <= 2 * GROUPS_PER_STEP * 2 * 2, run.sizes
-        assert run.sizes[-1] <= 2 * first + GROUPS_PER_STEP, run.sizes
+        assert peak <= 2 * groups * 2 * 2, run.sizes
+        assert run.sizes[-1] <= 2 * first + groups, run.sizes
     finally:
         h.log.close()
