@@ -19,8 +19,12 @@ a cut of another barrier, a stale one, or anything else is refused (BarrierError
 The ledger itself keeps only the preconditions that need something the fold cannot see:
 
 - the runtime prompt (`reserve`: prompt_id and task_name agree with the ref, fingerprint);
-- the log (`_refuse_used_group_id`: a group id is used once, rolled-back history included);
-- the data plane (`checkpoint`: every sealed row exists; `clear_superseded_rows`);
+- the log (`_refuse_used_group_id`: a group id is used once, rolled-back history included;
+  `_require_staged`: a receipt names only keys its attempt staged; `_result_group`: a result
+  for a group the ledger no longer holds is stale);
+- the data plane (`checkpoint`: every sealed row exists; `clear_superseded_rows`;
+  `resolve_finalization_unknown`: the canonical rows decide). Every deletion is recorded
+  first, in the same append as the fact that frees the rows where there is one (design §7);
 - the barrier (`checkpoint` needs the exclusive cut; a fenced ledger refuses commands);
 - command idempotency (`_repeat`: an identical repeat of an accepted seal is a no-op).
 
