@@ -76,7 +76,11 @@ def test_commands_with_nothing_to_do_return_quietly_and_append_nothing(harness: 
     h = harness
     h.reserve("g1", n=2)
     h.dispatch("g1")
+    h.reserve("g2", admitted=False, target_step=None, admission_id="a2")
+    assert h.run(lambda cut: h.ledger.admit(cut, "a2", target_step=1, start_weight_version=0))
     head = h.log.head()
+    again = h.run(lambda cut: h.ledger.admit(cut, "a2", target_step=1, start_weight_version=0))
+    assert again == []  # an identical repeat
     assert h.run(lambda cut: h.ledger.dispatch(cut, "g1", [])) == []
     assert h.run(lambda cut: h.ledger.dispatch(cut, "g1")) == []  # none reserved any more
     assert h.run(lambda cut: h.ledger.prepare_retry(cut, "g1")) == []

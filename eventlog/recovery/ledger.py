@@ -540,9 +540,18 @@ class RecoveryLedger:
         state = self._require_state()
         members = state.admissions.get(admission_id, ())
         pending = [g for g in members if state.groups[g].phase == "reserved"]
+        if not pending and members:
+            stamped = {
+                (state.groups[g].target_step, state.groups[g].start_weight_version) for g in members
+            }
+            if stamped == {(target_step, start_weight_version)}:
+                return []  # an identical repeat: quietly, like every command with nothing to do
+            raise LedgerRuleError(
+                f"admission {admission_id!r} is already admitted (target step, weight version: "
+                f"{sorted(stamped, key=str)}), not at ({target_step}, {start_weight_version})"
+            )
         if not pending:
-            what = "is already admitted" if members else "has no group in the ledger"
-            raise LedgerRuleError(f"admission {admission_id!r} {what}")
+            raise LedgerRuleError(f"admission {admission_id!r} has no group in the ledger")
         events = [
             GroupAdmitted(
                 group_id=g,
