@@ -502,16 +502,26 @@ def _sealed(group: GroupState, result: SealResult) -> SiblingState:
                 **where,
             )
         keys = result.receipt.staging_keys
-        if len(set(keys)) != len(keys):
+        wanted = set(keys)
+        if len(wanted) != len(keys):
             raise RuleViolation(f"receipt lists a staging key twice: {keys}", **where)
+        # One set for the receipt, and only sealed siblings' receipts compared (a seal per
+        # sibling made this check quadratic in set building: the fold's costliest line).
         for other in group.siblings:
-            owned = set(keys).intersection(other.current.staging_keys)
-            if owned and other.generation_index != result.generation_index:
-                raise RuleViolation(
-                    f"receipt names staging keys {sorted(owned)} that sibling "
-                    f"{other.generation_index} ({other.current.rollout_id!r}) owns",
-                    **where,
-                )
+            theirs = other.attempts[-1]
+            if (
+                theirs.status != "sealed"
+                or theirs.receipt is None
+                or other.generation_index == result.generation_index
+                or wanted.isdisjoint(theirs.receipt.staging_keys)
+            ):
+                continue
+            owned = wanted.intersection(theirs.receipt.staging_keys)
+            raise RuleViolation(
+                f"receipt names staging keys {sorted(owned)} that sibling "
+                f"{other.generation_index} ({theirs.rollout_id!r}) owns",
+                **where,
+            )
     if isinstance(result.reward, bool) or not math.isfinite(result.reward):
         raise RuleViolation(f"reward must be a finite number, found {result.reward!r}", **where)
     if not isinstance(result.mask_sample, bool):
