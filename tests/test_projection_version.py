@@ -222,3 +222,27 @@ def test_a_checkpoint_written_before_projection_versions_still_restores(tmp_path
         ]
         assert restored.snapshots_untrusted == 1  # its snapshot carries no version
         assert restored.projection_version == PROJECTION_VERSION
+
+
+def test_the_fold_starts_from_an_older_snapshot_of_this_version_or_gives_up_after_a_few(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    h.reserve("g1", n=2)
+    h.checkpoint(1)  # a snapshot of this version
+    h.dispatch("g1")
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "PROJECTION_VERSION", "0.000000000000")
+        h.checkpoint(2)  # a snapshot "of another version"
+    with EventLog.open(h.path) as log:
+        second = [r.seq for r in log.read(types=["CheckpointCommitted"])][-1]
+    h.fresh_process()
+    h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=2))
+    older = _restores(h.path)[-1]
+    assert older.snapshots_untrusted == 1 and 0 < older.records_folded < second
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "MAX_UNTRUSTED", 1)
+        h.fresh_process()
+        h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=2))
+    gave_up = _restores(h.path)[-1]
+    assert gave_up.snapshots_untrusted == 1 and gave_up.records_folded == second

@@ -56,6 +56,11 @@ class _SnapshotHeader(msgspec.Struct):
 _SNAPSHOT_DECODER = msgspec.msgpack.Decoder(Snapshot)
 _HEADER_DECODER = msgspec.msgpack.Decoder(_SnapshotHeader)
 
+MAX_UNTRUSTED = 8
+"""Snapshots of another version passed over before giving up and folding from seq 1: after a
+code change every older snapshot is usually of an older version, and reading each back costs
+more than it can save."""
+
 
 @dataclass
 class Folded:
@@ -87,6 +92,13 @@ def _usable_snapshot(
                 if version == PROJECTION_VERSION:
                     return seq, _SNAPSHOT_DECODER.decode(payload)
                 untrusted.append((seq, version))
+                if len(untrusted) >= MAX_UNTRUSTED:
+                    logger.warning(
+                        "%d snapshots in a row are of other projection versions: folding the "
+                        "log from seq 1",
+                        len(untrusted),
+                    )
+                    break
                 logger.warning(
                     "snapshot at seq %d is of projection version %s, this code is %s: not "
                     "trusted, folding from an older snapshot or the log instead",
