@@ -239,6 +239,11 @@ def test_a_ledger_refuses_cuts_of_another_barrier_and_hand_made_ones(harness: Ha
         h.ledger.checkpoint(HandMade(), step=1, directory=str(h.path.parent / "x"))  # type: ignore[arg-type]
     assert h.log.head() == head
     h.dispatch("g1")  # its own barrier still works
+    # A command with nothing left to do (no reserved sibling) is refused all the same.
+    with pytest.raises(BarrierError, match="found a HandMade"):
+        h.ledger.dispatch(HandMade(), "g1")  # type: ignore[arg-type]
+    with pytest.raises(BarrierError, match="another barrier"):
+        asyncio.run(with_other())
 
 
 def test_a_ledger_bound_at_open_refuses_even_its_first_foreign_cut(tmp_path: Path) -> None:

@@ -537,6 +537,7 @@ class RecoveryLedger:
         self, cut: Cut, admission_id: str, *, target_step: int | None, start_weight_version: int
     ) -> list[str]:
         """Stamp every reserved group of one admission at once; admission happens once."""
+        self._require_cut(cut)  # a command with nothing to do is refused all the same
         state = self._require_state()
         members = state.admissions.get(admission_id, ())
         pending = [g for g in members if state.groups[g].phase == "reserved"]
@@ -570,6 +571,7 @@ class RecoveryLedger:
         self, cut: Cut, group_id: str, generation_indices: Iterable[int] | None = None
     ) -> list[AttemptRef]:
         """Hand reserved attempts to workers; None means every reserved sibling."""
+        self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = self.group(group_id)
         wanted = (
             group.indices("reserved") if generation_indices is None else list(generation_indices)
@@ -645,6 +647,7 @@ class RecoveryLedger:
         mask_sample: bool,
     ) -> bool:
         """Accept one attempt's result (`sibling` granularity). False: an identical repeat."""
+        self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = self._result_group(group_id, generation_index, rollout_id)
         attempt = self._attempt(group, generation_index, rollout_id)
         result = SealResult(
@@ -672,6 +675,7 @@ class RecoveryLedger:
 
     def seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> bool:
         """Accept every sibling's result at once (`prompt_group`); validated whole first."""
+        self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = (
             self._result_group(group_id, results[0].generation_index, results[0].rollout_id)
             if results
@@ -781,6 +785,7 @@ class RecoveryLedger:
 
     def abandon_unsealed(self, cut: Cut, group_id: str, *, reason: str) -> list[AttemptRef]:
         """A live failure: `sibling` abandons in-flight unsealed attempts, `prompt_group` all."""
+        self._require_cut(cut)  # a command with nothing to do is refused all the same
         events = abandon_events(self.group(group_id), reason)
         if events:
             self._commit_group(cut, group_id, events)
@@ -901,6 +906,7 @@ class RecoveryLedger:
         `rollout_recovery.min_valid_row_fraction` (0 or no config: never). Returns the
         recorded reason when the group was discarded (GroupDiscarded, rows cleared), else None.
         """
+        self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = self.group(group_id)
         recovery = self.config.rollout_recovery if self.config else None
         threshold = recovery.min_valid_row_fraction if recovery else 0.0
