@@ -36,18 +36,32 @@ which appends `StaleResultRejected` to the group's stream.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import (
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    Sized,
+)
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import msgspec
 
 from eventlog import codec
 from eventlog.dataplane.protocol import DataPlane, Row
-from eventlog.errors import ConcurrencyError, InvalidEventError
+from eventlog.errors import ConcurrencyError, EventLogError, InvalidEventError
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import ANY, NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
@@ -77,6 +91,7 @@ from eventlog.recovery.restore import (
     prepare_restore,
     prompt_digest,
 )
+from eventlog.recovery.trial import Trial
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     EPOCH_STREAM,
@@ -177,6 +192,54 @@ def _rules() -> Iterator[None]:
         raise _ledger_error(exc) from None
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class _Pending:
+    """One commit of a command: validated and folded into its trial, not yet appended."""
+
+    requests: list[AppendRequest]
+    trial: Trial
+    fresh: bool
+    """The trial starts over from a given base (a restore): adopting replaces the state."""
+    keys: frozenset[str]
+    """What it changes (state keys and streams): async commands sharing a key take turns."""
+
+
+Steps = Generator[_Pending, list[AppendResult], R]
+"""A command's body: yields each commit it needs, receives the results once they are
+durable, returns the command's result. `_sync` runs it blocking, `_async` awaiting."""
+
+
+def _sync(
+    body: Callable[Concatenate[RecoveryLedger, P], Steps[R]],
+) -> Callable[Concatenate[RecoveryLedger, P], R]:
+    """The blocking form of a command: each commit waits in the caller's thread."""
+
+    @functools.wraps(body)
+    def command(self: RecoveryLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._drive(body(self, *args, **kwargs))
+
+    command.__name__ = command.__qualname__ = body.__name__.removeprefix("_")
+    return command
+
+
+def _async(
+    body: Callable[Concatenate[RecoveryLedger, P], Steps[R]],
+) -> Callable[Concatenate[RecoveryLedger, P], Coroutine[Any, Any, R]]:
+    """The asyncio form: awaits the log's group commit, so the loop keeps running and
+    commands on other groups share the commit."""
+
+    @functools.wraps(body)
+    async def command(self: RecoveryLedger, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await self._drive_async(lambda: body(self, *args, **kwargs))
+
+    command.__name__ = command.__qualname__ = body.__name__.removeprefix("_") + "_async"
+    return command
+
+
 class RecoveryLedger:
     """Per-group sibling/attempt ownership, recorded in the log before the controller acts.
 
@@ -213,6 +276,8 @@ class RecoveryLedger:
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
         self._epoch_version: int | None = None
+        self._in_flight: dict[str, asyncio.Future[list[AppendResult]]] = {}
+        """Keys (groups, admissions, replay entries, streams) of async commits not yet landed."""
         """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
         self.replay = ReplayOwnership(
             self._require_state, self._commit, data_plane, lambda: self.training_partition
@@ -295,6 +360,12 @@ class RecoveryLedger:
     def group(self, group_id: str) -> GroupState:
         return self._group(self._require_state(), group_id)
 
+    @property
+    def groups(self) -> Mapping[str, GroupState]:
+        """The live groups, read-only: commands update the entries they change, in place
+        (a restore replaces the state: take the view again after one)."""
+        return MappingProxyType(self._require_state().groups)
+
     def digest(self) -> str:
         return state_digest(self._require_state())
 
@@ -343,37 +414,137 @@ class RecoveryLedger:
                 self._versions[stream] = version
         return NO_STREAM if version is None else version
 
-    def _commit(
+    def _prepare(
         self, cut: Cut, appends: Sequence[Append], *, base: LedgerState | None = None
-    ) -> list[AppendResult]:
-        """The one write path: validate by folding into a copy, append atomically, adopt.
+    ) -> _Pending:
+        """Validate by folding into a trial of the state; nothing is appended yet.
 
-        Several appends land in one atomic step (EventLog.append_batch). `base` is the state to
-        fold into instead of this ledger's (a restore's checkpoint state); it also lifts the
-        fence, since a restore starts over from the log.
+        The trial is an overlay over the live state (eventlog.recovery.trial): it costs what
+        the command changes, not the groups held. `base` is the state to fold into instead of
+        this ledger's (a restore's checkpoint state); adopting it also lifts the fence, since
+        a restore starts over from the log.
         """
         self._require_cut(cut)
         if base is None and self._superseded is not None:
             raise self._superseded
         if base is None and self._fenced is not None:
             raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
-        trial = (self._require_state() if base is None else base).copy()
+        trial = Trial(self._require_state() if base is None else base)
         with _rules():
             for _, _, events in appends:
                 for event in events:
                     _check_types(event)
-                    fold(trial, event)
+                    fold(trial.state, event)
         requests = [
             AppendRequest(s, list(evs), self._expected(s) if v is None else v)
             for s, v, evs in appends
             if evs
         ]
-        results = self._append(requests)
-        self._state = trial
-        if base is not None:
+        streams = frozenset(f"stream:{r.stream}" for r in requests)
+        return _Pending(requests, trial, base is not None, trial.touched() | streams)
+
+    def _adopt(self, pending: _Pending) -> None:
+        """The append is durable: make the trial live (only the keys it touched)."""
+        if pending.fresh:
+            self._state = pending.trial.materialize()
             self._fenced = None
             self._superseded = None
+        else:
+            pending.trial.adopt()
+
+    def _commit_now(self, pending: _Pending) -> list[AppendResult]:
+        results = self._append(pending.requests)
+        self._adopt(pending)
         return [r for r in results if r.stream != EPOCH_STREAM]
+
+    async def _commit_later(self, pending: _Pending) -> list[AppendResult]:
+        fenced = self._with_fence(pending.requests)
+        try:
+            results = await self.log.append_batch_async(fenced)
+        except ConcurrencyError as exc:
+            raise self._conflict(exc, fenced) from None
+        self._landed(results)
+        self._adopt(pending)
+        return [r for r in results if r.stream != EPOCH_STREAM]
+
+    def _drive(self, steps: Steps[R]) -> R:
+        """Run a command's body, blocking on each commit (the sync form)."""
+        try:
+            pending = next(steps)
+            while True:
+                busy = sorted(k for k in pending.keys if k in self._in_flight)
+                if busy:
+                    steps.close()
+                    raise LedgerRuleError(
+                        f"{busy[0]}: an async command on it is in flight",
+                        hint="await the async form of the command instead",
+                    )
+                try:
+                    results = self._commit_now(pending)
+                except EventLogError as exc:
+                    pending = steps.throw(exc)  # the body may handle it (restore does)
+                    continue
+                pending = steps.send(results)
+        except StopIteration as done:
+            return cast(R, done.value)
+
+    async def _drive_async(self, start: Callable[[], Steps[R]]) -> R:
+        """Run a command's body, awaiting each commit (group commit shares it with others).
+
+        Commands that change the same group, admission, replay entry or stream are
+        serialized: one whose keys are in flight waits for them, then validates again against
+        what they adopted. A caller cancelled while its commit is pending does not stop the
+        commit: it is adopted when it lands, as if the caller had waited.
+        """
+        while True:
+            steps = start()
+            try:
+                pending = next(steps)
+            except StopIteration as done:
+                return cast(R, done.value)
+            busy = {self._in_flight[k] for k in pending.keys if k in self._in_flight}
+            if not busy:
+                break
+            steps.close()
+            await asyncio.wait(busy)
+        try:
+            while True:
+                commit = asyncio.ensure_future(self._commit_later(pending))
+                for key in pending.keys:
+                    self._in_flight[key] = commit
+                commit.add_done_callback(functools.partial(self._release, pending.keys))
+                try:
+                    results = await asyncio.shield(commit)
+                except EventLogError as exc:
+                    pending = steps.throw(exc)  # the body may handle it (restore does)
+                    continue
+                pending = steps.send(results)
+        except StopIteration as done:
+            return cast(R, done.value)
+
+    def _release(self, keys: frozenset[str], commit: asyncio.Future[list[AppendResult]]) -> None:
+        """A commit finished (adopted, or refused): commands waiting on its keys go on."""
+        for key in keys:
+            if self._in_flight.get(key) is commit:
+                del self._in_flight[key]
+        if not commit.cancelled():
+            commit.exception()  # retrieved here too: a cancelled caller never will
+
+    def _group_commit(self, cut: Cut, group_id: str, events: Sequence[Event]) -> _Pending:
+        return self._prepare(cut, [(group_stream(group_id), None, events)])
+
+    def _commit(
+        self, cut: Cut, appends: Sequence[Append], *, base: LedgerState | None = None
+    ) -> list[AppendResult]:
+        """Validate, append atomically, adopt, blocking: for callers outside a command
+        (the replay buffer's ownership)."""
+        return self._drive(self._commit_steps(cut, appends, base=base))
+
+    def _commit_steps(
+        self, cut: Cut, appends: Sequence[Append], *, base: LedgerState | None = None
+    ) -> Steps[list[AppendResult]]:
+        results = yield self._prepare(cut, appends, base=base)
+        return results
 
     def _append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """One atomic append_batch, conditional on this ledger's fencing epoch.
@@ -442,12 +613,9 @@ class RecoveryLedger:
             by=by,
         )
 
-    def _commit_group(self, cut: Cut, group_id: str, events: Sequence[Event]) -> None:
-        self._commit(cut, [(group_stream(group_id), None, events)])
-
     # -- commands: reservation and admission -----------------------------------------------
 
-    def reserve(
+    def _reserve(
         self,
         cut: Cut,
         *,
@@ -462,7 +630,7 @@ class RecoveryLedger:
         granularity: str | None = None,
         agent_name: str | None = None,
         fingerprint: bool = True,
-    ) -> GroupState:
+    ) -> Steps[GroupState]:
         """Record that a prompt left the dataloader as a group; fixes its granularity for good.
 
         `prompt` must carry its identity: `prompt_id` (and `task_name` equal to the ref's).
@@ -513,9 +681,12 @@ class RecoveryLedger:
             start_weight_version=start_weight_version,
             admitted=admitted,
         )
-        self._commit_group(cut, group_id, [event])
+        (yield self._group_commit(cut, group_id, [event]))
         self._prompts[group_id] = prompt
         return self.group(group_id)
+
+    reserve = _sync(_reserve)
+    reserve_async = _async(_reserve)
 
     def _refuse_used_group_id(self, group_id: str) -> None:
         """A group id names one group forever, even when its reservation was rolled back.
@@ -533,9 +704,9 @@ class RecoveryLedger:
                 hint="reserve the prompt again under a new group id",
             )
 
-    def admit(
+    def _admit(
         self, cut: Cut, admission_id: str, *, target_step: int | None, start_weight_version: int
-    ) -> list[str]:
+    ) -> Steps[list[str]]:
         """Stamp every reserved group of one admission at once; admission happens once."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
         state = self._require_state()
@@ -562,14 +733,17 @@ class RecoveryLedger:
             )
             for g in pending
         ]
-        self._commit(cut, [(group_stream(e.group_id), None, [e]) for e in events])
+        (yield self._prepare(cut, [(group_stream(e.group_id), None, [e]) for e in events]))
         return pending
+
+    admit = _sync(_admit)
+    admit_async = _async(_admit)
 
     # -- commands: generation --------------------------------------------------------------
 
-    def dispatch(
+    def _dispatch(
         self, cut: Cut, group_id: str, generation_indices: Iterable[int] | None = None
-    ) -> list[AttemptRef]:
+    ) -> Steps[list[AttemptRef]]:
         """Hand reserved attempts to workers; None means every reserved sibling."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = self.group(group_id)
@@ -580,8 +754,15 @@ class RecoveryLedger:
             return []  # nothing to dispatch: quietly, like every command with nothing to do
         with _rules():
             refs = [attempt_ref(index, group.sibling(index).current) for index in wanted]
-        self._commit_group(cut, group_id, [SiblingsDispatched(group_id=group_id, attempts=refs)])
+        (
+            yield self._group_commit(
+                cut, group_id, [SiblingsDispatched(group_id=group_id, attempts=refs)]
+            )
+        )
         return refs
+
+    dispatch = _sync(_dispatch)
+    dispatch_async = _async(_dispatch)
 
     @staticmethod
     def _attempt(group: GroupState, index: int, rollout_id: str) -> AttemptState:
@@ -619,9 +800,9 @@ class RecoveryLedger:
             )
         return self.group(group_id)
 
-    def fail_attempt(
+    def _fail_attempt(
         self, cut: Cut, group_id: str, generation_index: int, *, rollout_id: str, error: str
-    ) -> AttemptRef:
+    ) -> Steps[AttemptRef]:
         """Record that a dispatched attempt ended without a sealable result."""
         group = self._result_group(group_id, generation_index, rollout_id)
         attempt = self._attempt(group, generation_index, rollout_id)
@@ -632,10 +813,13 @@ class RecoveryLedger:
             rollout_id=rollout_id,
             error=error,
         )
-        self._commit_group(cut, group_id, [event])
+        (yield self._group_commit(cut, group_id, [event]))
         return attempt_ref(generation_index, attempt)
 
-    def seal_sibling(
+    fail_attempt = _sync(_fail_attempt)
+    fail_attempt_async = _async(_fail_attempt)
+
+    def _seal_sibling(
         self,
         cut: Cut,
         group_id: str,
@@ -645,7 +829,7 @@ class RecoveryLedger:
         receipt: Receipt | None,
         reward: float,
         mask_sample: bool,
-    ) -> bool:
+    ) -> Steps[bool]:
         """Accept one attempt's result (`sibling` granularity). False: an identical repeat."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = self._result_group(group_id, generation_index, rollout_id)
@@ -670,10 +854,13 @@ class RecoveryLedger:
             mask_sample=mask_sample,
             weight_versions=self._require_staged(group_id, generation_index, receipt),
         )
-        self._commit_group(cut, group_id, [event])
+        (yield self._group_commit(cut, group_id, [event]))
         return True
 
-    def seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> bool:
+    seal_sibling = _sync(_seal_sibling)
+    seal_sibling_async = _async(_seal_sibling)
+
+    def _seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> Steps[bool]:
         """Accept every sibling's result at once (`prompt_group`); validated whole first."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
         group = (
@@ -702,8 +889,11 @@ class RecoveryLedger:
             )
             for s in sealed
         ]
-        self._commit_group(cut, group_id, [GroupSealed(group_id=group_id, results=sealed)])
+        (yield self._group_commit(cut, group_id, [GroupSealed(group_id=group_id, results=sealed)]))
         return True
+
+    seal_group = _sync(_seal_group)
+    seal_group_async = _async(_seal_group)
 
     def _require_staged(self, group_id: str, index: int, receipt: Receipt | None) -> list[int]:
         """Every key of a receipt was staged by the attempt it names (its TokensStaged records).
@@ -772,7 +962,7 @@ class RecoveryLedger:
                 )
         return False
 
-    def record_rejected_result(self, cut: Cut, error: StaleAttemptError) -> None:
+    def _record_rejected_result(self, cut: Cut, error: StaleAttemptError) -> Steps[None]:
         """Make a rejected late result visible in the audit (StaleResultRejected)."""
         event = StaleResultRejected(
             group_id=error.group_id,
@@ -781,34 +971,52 @@ class RecoveryLedger:
             current_rollout_id=error.current_rollout_id,
             reason=str(error),
         )
-        self._commit_group(cut, error.group_id, [event])
+        (yield self._group_commit(cut, error.group_id, [event]))
 
-    def abandon_unsealed(self, cut: Cut, group_id: str, *, reason: str) -> list[AttemptRef]:
+    record_rejected_result = _sync(_record_rejected_result)
+    record_rejected_result_async = _async(_record_rejected_result)
+
+    def _abandon_unsealed(self, cut: Cut, group_id: str, *, reason: str) -> Steps[list[AttemptRef]]:
         """A live failure: `sibling` abandons in-flight unsealed attempts, `prompt_group` all."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
         events = abandon_events(self.group(group_id), reason)
         if events:
-            self._commit_group(cut, group_id, events)
+            (yield self._group_commit(cut, group_id, events))
         return [ref for e in events for ref in e.attempts]  # type: ignore[attr-defined]
 
-    def prepare_retry(self, cut: Cut, group_id: str) -> list[AttemptRef]:
+    abandon_unsealed = _sync(_abandon_unsealed)
+    abandon_unsealed_async = _async(_abandon_unsealed)
+
+    def _prepare_retry(self, cut: Cut, group_id: str) -> Steps[list[AttemptRef]]:
         """Mint the next attempt for every failed or abandoned sibling (none: no-op)."""
         self._require_cut(cut)
         events = retry_events(self.group(group_id))
         if events:
-            self._commit_group(cut, group_id, events)
+            (yield self._group_commit(cut, group_id, events))
         return [ref for e in events for ref in e.attempts]  # type: ignore[attr-defined]
+
+    prepare_retry = _sync(_prepare_retry)
+    prepare_retry_async = _async(_prepare_retry)
 
     # -- commands: finalization and discard ------------------------------------------------
 
-    def start_finalization(self, cut: Cut, group_id: str, *, owner: str) -> FinalizationInputs:
+    def _start_finalization(
+        self, cut: Cut, group_id: str, *, owner: str
+    ) -> Steps[FinalizationInputs]:
         """Claim a fully sealed group for finalization; the owner is recorded."""
-        self._commit_group(cut, group_id, [FinalizationStarted(group_id=group_id, owner=owner)])
+        (
+            yield self._group_commit(
+                cut, group_id, [FinalizationStarted(group_id=group_id, owner=owner)]
+            )
+        )
         return self.finalization_inputs(group_id)
 
-    def finalize(
+    start_finalization = _sync(_start_finalization)
+    start_finalization_async = _async(_start_finalization)
+
+    def _finalize(
         self, cut: Cut, group_id: str, *, owner: str, min_weight_version: int | None
-    ) -> ReplayEntry:
+    ) -> Steps[ReplayEntry]:
         """The canonical rows exist: the group leaves the ledger for the replay buffer.
 
         Its staging rows are no longer needed: GroupFinalized and the StagingCleared that
@@ -842,15 +1050,18 @@ class RecoveryLedger:
                     step=group.target_step,
                 )
             )
-        self._commit_group(cut, group_id, events)
+        (yield self._group_commit(cut, group_id, events))
         self._prompts.pop(group_id, None)
         if cleared:
             self.data_plane.delete_rows(self.staging_partition, [c.key for c in cleared])
         return self._require_state().replay[group_id]
 
-    def resolve_finalization_unknown(
+    finalize = _sync(_finalize)
+    finalize_async = _async(_finalize)
+
+    def _resolve_finalization_unknown(
         self, cut: Cut, group_id: str, *, owner: str | None = None
-    ) -> str:
+    ) -> Steps[str]:
         """Settle a finalization_unknown group by the canonical partition (needs the data plane).
 
         Every canonical row there: the finalization did happen, record GroupFinalized
@@ -870,7 +1081,7 @@ class RecoveryLedger:
         found = [r for r in rows if r in present]
         if len(found) == len(rows):
             oldest = min((v for vs in self._weight_versions(group) for v in vs), default=None)
-            self.finalize(cut, group_id, owner=owner, min_weight_version=oldest)
+            (yield from self._finalize(cut, group_id, owner=owner, min_weight_version=oldest))
             return "finalized"
         missing = [r for r in rows if r not in present]
         event = FinalizationRetryable(
@@ -879,27 +1090,38 @@ class RecoveryLedger:
             reason=f"canonical rows {missing} are not in partition {self.training_partition!r}",
             canonical_rows_cleared=found,
         )
-        self._commit_group(cut, group_id, [event])
+        (yield self._group_commit(cut, group_id, [event]))
         if found:
             self.data_plane.delete_rows(self.training_partition, found)
         return "retryable"
 
-    def mark_finalization_unknown(self, cut: Cut, group_id: str, *, owner: str, error: str) -> None:
+    resolve_finalization_unknown = _sync(_resolve_finalization_unknown)
+    resolve_finalization_unknown_async = _async(_resolve_finalization_unknown)
+
+    def _mark_finalization_unknown(
+        self, cut: Cut, group_id: str, *, owner: str, error: str
+    ) -> Steps[None]:
         """Finalization failed ambiguously: no checkpoint until a person resolves it."""
         event = FinalizationUnknown(group_id=group_id, owner=owner, error=error)
-        self._commit_group(cut, group_id, [event])
+        (yield self._group_commit(cut, group_id, [event]))
 
-    def discard(self, cut: Cut, group_id: str, *, reason: str) -> list[str]:
+    mark_finalization_unknown = _sync(_mark_finalization_unknown)
+    mark_finalization_unknown_async = _async(_mark_finalization_unknown)
+
+    def _discard(self, cut: Cut, group_id: str, *, reason: str) -> Steps[list[str]]:
         """Drop a group untrained; clears the staging rows it owned (after the append)."""
         keys = self.group(group_id).staging_keys()
         event = GroupDiscarded(group_id=group_id, reason=reason, staging_keys=keys)
-        self._commit_group(cut, group_id, [event])
+        (yield self._group_commit(cut, group_id, [event]))
         self._prompts.pop(group_id, None)
         if keys:
             self.data_plane.delete_rows(self.staging_partition, keys)
         return keys
 
-    def discard_if_few_valid_rows(self, cut: Cut, group_id: str) -> str | None:
+    discard = _sync(_discard)
+    discard_async = _async(_discard)
+
+    def _discard_if_few_valid_rows(self, cut: Cut, group_id: str) -> Steps[str | None]:
         """Discard a fully sealed group whose fraction of valid rows is below the threshold.
 
         A valid row is a sibling that trains (mask_sample false); the threshold is the config's
@@ -920,16 +1142,19 @@ class RecoveryLedger:
             f"valid-row fraction {valid}/{group.expected_generations} = {fraction:.3f} is below "
             f"rollout_recovery.min_valid_row_fraction {threshold}"
         )
-        self.discard(cut, group_id, reason=reason)
+        (yield from self._discard(cut, group_id, reason=reason))
         return reason
 
-    def clear_superseded_rows(
+    discard_if_few_valid_rows = _sync(_discard_if_few_valid_rows)
+    discard_if_few_valid_rows_async = _async(_discard_if_few_valid_rows)
+
+    def _clear_superseded_rows(
         self,
         cut: Cut,
         *,
         reason: str = "rows of failed or abandoned attempts",
         step: int | None = None,
-    ) -> list[ClearedKey]:
+    ) -> Steps[list[ClearedKey]]:
         """Delete the staging rows no live attempt can still need, during a run.
 
         A row that no sealed sibling owns and whose `rollout_id` tag names an attempt that is
@@ -971,15 +1196,18 @@ class RecoveryLedger:
                 reason=reason,
                 step=step,
             )
-            self._commit(cut, [(CONTROLLER_STREAM, None, [event])])
+            (yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])]))
             self.data_plane.delete_rows(self.staging_partition, list(tagged))
         return cleared
 
+    clear_superseded_rows = _sync(_clear_superseded_rows)
+    clear_superseded_rows_async = _async(_clear_superseded_rows)
+
     # -- checkpoint and restore ------------------------------------------------------------
 
-    def checkpoint(
+    def _checkpoint(
         self, cut: Cut, *, step: int, directory: str, keep: int | None = None
-    ) -> CheckpointCommitted:
+    ) -> Steps[CheckpointCommitted]:
         """A consistent cut of ledger, data plane and log (inside `barrier.checkpoint()`).
 
         Refuses while a group is finalizing or finalization_unknown, checks every sealed
@@ -1003,7 +1231,7 @@ class RecoveryLedger:
             step=step,
             directory=directory,
         )
-        (result,) = self._commit(cut, [(CONTROLLER_STREAM, None, [event])])
+        (result,) = yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])])
         seq = result.seqs[0]
         save_snapshot(self.log, seq, self._require_state(), self._versions)
         logger.info(
@@ -1014,10 +1242,13 @@ class RecoveryLedger:
             event.row_count,
         )
         if keep is not None:
-            self.retire_checkpoints(cut, keep=keep)
+            (yield from self._retire_checkpoints(cut, keep=keep))
         return event
 
-    def retire_checkpoints(self, cut: Cut, *, keep: int) -> list[CheckpointRetired]:
+    checkpoint = _sync(_checkpoint)
+    checkpoint_async = _async(_checkpoint)
+
+    def _retire_checkpoints(self, cut: Cut, *, keep: int) -> Steps[list[CheckpointRetired]]:
         """Give up every checkpoint but the newest `keep` (and rolled-back ones): one
         CheckpointRetired each, appended before its data-plane checkpoint is deleted.
 
@@ -1029,7 +1260,7 @@ class RecoveryLedger:
         controller = list(self.log.read_stream(CONTROLLER_STREAM))
         events = retire_events(controller, self._skipped, keep=keep)
         if events:
-            self._commit(cut, [(CONTROLLER_STREAM, None, events)])
+            (yield self._prepare(cut, [(CONTROLLER_STREAM, None, events)]))
         already = [
             r.event
             for r in controller
@@ -1038,11 +1269,16 @@ class RecoveryLedger:
         delete_retired([*already, *events])
         return events
 
+    retire_checkpoints = _sync(_retire_checkpoints)
+    retire_checkpoints_async = _async(_retire_checkpoints)
+
     def check_rows(self) -> None:
         """Every staging key a sealed attempt owns must be in the data plane (fail closed)."""
         check_rows(self._require_state(), self.data_plane, self.staging_partition)
 
-    def restore(self, cut: Cut, dataset: Dataset, *, step: int | None = None) -> RestorePlan:
+    def _restore(
+        self, cut: Cut, dataset: Dataset, *, step: int | None = None
+    ) -> Steps[RestorePlan]:
         """Go back to a checkpoint (the newest with `step`, or the newest of all when None).
 
         Loads the checkpoint's data plane, folds the log up to the checkpoint, checks
@@ -1061,7 +1297,7 @@ class RecoveryLedger:
             training_partition=self.training_partition,
         )
         try:
-            (started,) = self._commit(
+            (started,) = yield self._prepare(
                 cut,
                 # RestoreStarted first: its seq closes the rolled-back range; the epoch follows.
                 [prepared.start, self._next_epoch("restore")],
@@ -1071,7 +1307,7 @@ class RecoveryLedger:
             self._versions = {**prepared.versions, CONTROLLER_STREAM: started.versions[-1]}
             self._skipped = skipped
             self._prompts = dict(prepared.prompts)
-            self._commit(cut, appends)
+            (yield self._prepare(cut, appends))
         except ConcurrencyError as exc:
             self._fenced = f"another writer appended to stream {exc.stream!r} during restore"
             raise
@@ -1080,6 +1316,9 @@ class RecoveryLedger:
         if prepared.canonical_orphans:
             self.data_plane.delete_rows(self.training_partition, prepared.canonical_orphans)
         return plan
+
+    restore = _sync(_restore)
+    restore_async = _async(_restore)
 
     # -- one call each: what a controller author reaches for --------------------------------
 
@@ -1110,9 +1349,9 @@ class RecoveryLedger:
         self.log.append(attempt_stream(rollout_id), staged, ANY)
         return Receipt(rollout_id=rollout_id, staging_keys=keys)
 
-    def fail(
+    def _fail(
         self, cut: Cut, group_id: str, generation_index: int, *, rollout_id: str, error: str
-    ) -> list[AttemptRef]:
+    ) -> Steps[list[AttemptRef]]:
         """A live failure in one call: record it, retry by the group's granularity, dispatch.
 
         `sibling`: only the failed sibling reruns; its siblings keep running. `prompt_group`:
@@ -1120,12 +1359,19 @@ class RecoveryLedger:
         Returns the dispatched retries (hand them to workers). A failure of an attempt that
         is no longer current raises StaleAttemptError and appends nothing.
         """
-        self.fail_attempt(cut, group_id, generation_index, rollout_id=rollout_id, error=error)
+        (
+            yield from self._fail_attempt(
+                cut, group_id, generation_index, rollout_id=rollout_id, error=error
+            )
+        )
         if self.group(group_id).granularity == Granularity.PROMPT_GROUP:
             reason = f"sibling {generation_index} failed ({rollout_id}): {error}"
-            self.abandon_unsealed(cut, group_id, reason=reason)
-        retries = self.prepare_retry(cut, group_id)
-        return self.dispatch(cut, group_id, [r.generation_index for r in retries])
+            (yield from self._abandon_unsealed(cut, group_id, reason=reason))
+        retries = yield from self._prepare_retry(cut, group_id)
+        return (yield from self._dispatch(cut, group_id, [r.generation_index for r in retries]))
+
+    fail = _sync(_fail)
+    fail_async = _async(_fail)
 
     def unused_group_id(self, base: str) -> str:
         """`base`, else `base-r1`, `base-r2`, ...: the first id no group ever used.
@@ -1140,19 +1386,24 @@ class RecoveryLedger:
             candidate = f"{base}-r{n}"
         return candidate
 
-    def admit_restored(
+    def _admit_restored(
         self, cut: Cut, plan: RestorePlan, *, target_step: int, start_weight_version: int
-    ) -> list[GroupPlan]:
+    ) -> Steps[list[GroupPlan]]:
         """Every group a restore plan brings back, as one list to resume: admitted groups as
         they were, and reserved ones admitted now (each admission once, at `target_step`)."""
         for admission in plan.reserved:
-            self.admit(
-                cut,
-                admission.admission_id,
-                target_step=target_step,
-                start_weight_version=start_weight_version,
+            (
+                yield from self._admit(
+                    cut,
+                    admission.admission_id,
+                    target_step=target_step,
+                    start_weight_version=start_weight_version,
+                )
             )
         return [*plan.admitted, *(group for a in plan.reserved for group in a.groups)]
+
+    admit_restored = _sync(_admit_restored)
+    admit_restored_async = _async(_admit_restored)
 
 
 def _token_count(row: Row) -> int:

@@ -97,6 +97,8 @@ class _Group:
     """prompt_group results of current attempts, until every sibling's is in."""
     discard_reason: str | None = None
     settling: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One result or failure handled at a time: its ledger commands form one sequence."""
 
 
 def prompt_text(prompt: Prompt) -> str:
@@ -202,7 +204,7 @@ class Controller:
             return 0
         ledger = RecoveryLedger(self.log, self.data_plane, config=self.config)
         async with self.barrier.mutation("restore") as cut:
-            plan = ledger.restore(cut, self.source, step=self.restore_step)
+            plan = await ledger.restore_async(cut, self.source, step=self.restore_step)
         self._ledger = ledger
         self.report.restore = plan
         logger.info(
@@ -216,7 +218,7 @@ class Controller:
         for admission in plan.reserved:
             step = _admission_step(admission.admission_id)
             async with self.barrier.mutation("admit") as cut:
-                ledger.admit(
+                await ledger.admit_async(
                     cut, admission.admission_id, target_step=step, start_weight_version=step - 1
                 )
             for group_plan in admission.groups:
@@ -233,7 +235,7 @@ class Controller:
         group = self._register(plan.group_id, step, state.prompt_ref.sample_id, plan.prompt)
         if plan.redispatch:
             async with self.barrier.mutation("dispatch") as cut:
-                refs = self.ledger.dispatch(cut, plan.group_id, plan.redispatch_indices)
+                refs = await self.ledger.dispatch_async(cut, plan.group_id, plan.redispatch_indices)
             self._launch(group, refs)
         else:
             await self._settle_if_quiet(group)
@@ -273,7 +275,7 @@ class Controller:
                 if admission is None:
                     admission = f"step{step}" + group_id.removeprefix(f"step{step}-g{order}")
                 task = prompt.get("task_name")
-                self.ledger.reserve(
+                await self.ledger.reserve_async(
                     cut,
                     group_id=group_id,
                     prompt=prompt,
@@ -286,12 +288,12 @@ class Controller:
                     admission_id=admission,
                 )
             assert admission is not None
-            admitted = self.ledger.admit(
+            admitted = await self.ledger.admit_async(
                 cut, admission, target_step=step, start_weight_version=weight
             )
             for group_id, sample_id in zip(admitted, sample_ids, strict=True):
                 group = self._register(group_id, step, sample_id, self.ledger.prompt(group_id))
-                opened.append((group, self.ledger.dispatch(cut, group_id)))
+                opened.append((group, await self.ledger.dispatch_async(cut, group_id)))
         logger.info("step %d: %d groups dispatched (%s)", step, len(opened), admission)
         # Sibling 0 of every group first, then sibling 1...: with slots scarcer than attempts,
         # every group makes progress (the slots' priority only orders attempts that wait).
@@ -402,10 +404,10 @@ class Controller:
                 f"attempt {result.rollout_id!r}: finished without reward or mask_sample"
             )
         ledger = self.ledger
-        async with self.barrier.mutation("seal") as cut:
+        async with group.lock, self.barrier.mutation("seal") as cut:
             try:
                 if group.granularity == "sibling":
-                    ledger.seal_sibling(
+                    await ledger.seal_sibling_async(
                         cut,
                         group.group_id,
                         result.generation_index,
@@ -417,13 +419,13 @@ class Controller:
                     return
                 ledger.check_result(group.group_id, result.generation_index, result.rollout_id)
             except StaleAttemptError as stale:
-                ledger.record_rejected_result(cut, stale)
+                await ledger.record_rejected_result_async(cut, stale)
                 self.report.rejected_results += 1
                 return
             group.buffered[result.generation_index] = result
-            self._seal_group_if_complete(cut, group)
+            await self._seal_group_if_complete(cut, group)
 
-    def _seal_group_if_complete(self, cut: Cut, group: _Group) -> None:
+    async def _seal_group_if_complete(self, cut: Cut, group: _Group) -> None:
         state = self.ledger.group(group.group_id)
         results: list[SiblingResult] = []
         for sibling in state.siblings:
@@ -440,27 +442,27 @@ class Controller:
                     mask_sample=got.mask_sample,
                 )
             )
-        self.ledger.seal_group(cut, group.group_id, results)
+        await self.ledger.seal_group_async(cut, group.group_id, results)
         group.buffered.clear()
 
     async def _on_failure(self, group: _Group, ref: AttemptRef, error: str) -> None:
         """Retry by the group's granularity; a failure of a superseded attempt changes nothing."""
         ledger, gid, index = self.ledger, group.group_id, ref.generation_index
         refs: list[AttemptRef] = []
-        async with self.barrier.mutation("retry") as cut:
+        async with group.lock, self.barrier.mutation("retry") as cut:
             if not self._wanted(gid, ref):
                 logger.info("attempt %s ended (%s) after it was superseded", ref.rollout_id, error)
                 return
-            ledger.fail_attempt(cut, gid, index, rollout_id=ref.rollout_id, error=error)
+            await ledger.fail_attempt_async(cut, gid, index, rollout_id=ref.rollout_id, error=error)
             if group.granularity == "prompt_group":
-                ledger.abandon_unsealed(
+                await ledger.abandon_unsealed_async(
                     cut, gid, reason=f"sibling {index} failed ({ref.rollout_id}): {error}"
                 )
                 for held in group.buffered.values():  # finished, but now superseded
                     try:
                         ledger.check_result(gid, held.generation_index, held.rollout_id)
                     except StaleAttemptError as stale:
-                        ledger.record_rejected_result(cut, stale)
+                        await ledger.record_rejected_result_async(cut, stale)
                         self.report.rejected_results += 1
                 group.buffered.clear()
             state = ledger.group(gid)
@@ -476,8 +478,8 @@ class Controller:
                     f"(last error: {error})"
                 )
                 return
-            refs = ledger.prepare_retry(cut, gid)
-            ledger.dispatch(cut, gid, [r.generation_index for r in refs])
+            refs = await ledger.prepare_retry_async(cut, gid)
+            await ledger.dispatch_async(cut, gid, [r.generation_index for r in refs])
         self.report.retried_attempts += len(refs)
         logger.info("group %s: retrying %s after %s", gid, [r.rollout_id for r in refs], error)
         self._launch(group, refs)
@@ -498,28 +500,34 @@ class Controller:
         gid = group.group_id
         if group.discard_reason is not None:
             async with self.barrier.mutation("discard") as cut:
-                self.ledger.discard(cut, gid, reason=group.discard_reason)
+                await self.ledger.discard_async(cut, gid, reason=group.discard_reason)
             self.report.discarded_groups.append(gid)
             group.settled.set_result("discarded")
             return
         if self.ledger.group(gid).status != "ready_to_finalize":
             return
         async with self.barrier.mutation("discard") as cut:
-            dropped = self.ledger.discard_if_few_valid_rows(cut, gid)
+            dropped = await self.ledger.discard_if_few_valid_rows_async(cut, gid)
         if dropped is not None:
             self.report.discarded_groups.append(gid)
             group.settled.set_result("discarded")
             return
         async with self.barrier.mutation("finalize") as cut:
-            inputs = self.ledger.start_finalization(cut, gid, owner=self.owner)
-            try:
-                rows, min_weight = canonical_rows(self.data_plane, self.staging, inputs)
-                self.data_plane.put_rows(TRAINING_PARTITION, rows)
+            inputs = await self.ledger.start_finalization_async(cut, gid, owner=self.owner)
+            try:  # data-plane calls in a thread: the loop keeps serving other groups
+                rows, min_weight = await asyncio.to_thread(
+                    canonical_rows, self.data_plane, self.staging, inputs
+                )
+                await asyncio.to_thread(self.data_plane.put_rows, TRAINING_PARTITION, rows)
             except EventLogError as exc:
-                self.ledger.mark_finalization_unknown(cut, gid, owner=self.owner, error=str(exc))
+                await self.ledger.mark_finalization_unknown_async(
+                    cut, gid, owner=self.owner, error=str(exc)
+                )
                 raise
             # Records and then deletes the staging rows: the canonical rows hold them now.
-            self.ledger.finalize(cut, gid, owner=self.owner, min_weight_version=min_weight)
+            await self.ledger.finalize_async(
+                cut, gid, owner=self.owner, min_weight_version=min_weight
+            )
         group.settled.set_result("finalized")
 
     async def _train(self, step: int) -> None:
@@ -544,10 +552,15 @@ class Controller:
     async def _checkpoint(self, step: int) -> None:
         # Named by log position too: a rolled-back checkpoint of the same step keeps its files.
         directory = self.checkpoint_dir / f"step-{step:04d}-seq{self.log.head()}"
-        async with self.barrier.checkpoint() as cut:
-            # Rows of failed and abandoned attempts go now, not in the checkpoint.
-            self.ledger.clear_superseded_rows(cut, step=step)
-            self.ledger.checkpoint(cut, step=step, directory=str(directory))
+        # Workers stage rows outside the barrier: hold their puts while the rows are saved.
+        async with self.pool.staging_paused(), self.barrier.checkpoint() as cut:
+            # Rows of failed and abandoned attempts go now, not in the checkpoint. Both save
+            # to the data plane (seconds at scale): in a thread, so the loop keeps running
+            # (nothing else mutates inside the exclusive section).
+            await asyncio.to_thread(self.ledger.clear_superseded_rows, cut, step=step)
+            await asyncio.to_thread(
+                self.ledger.checkpoint, cut, step=step, directory=str(directory)
+            )
 
     async def _cancel_all(self) -> None:
         tasks = [t for g in self._groups.values() for t in g.tasks]
