@@ -1,6 +1,6 @@
 """Append throughput and latency: eventlog beside the raw driver and the eventsourcing library.
 
-The matrix (design §11): SQLite with synchronous FULL and NORMAL, PostgreSQL with full
+The matrix (docs/design.md §9): SQLite with synchronous FULL and NORMAL, PostgreSQL with full
 durability; one writer with batches of 1/10/100/1000 events, and 16/64 concurrent appenders
 of one event each (threads; also asyncio tasks for eventlog). Every cell runs the same plan
 for every implementation, on a fresh store, `repeats` times, implementations interleaved

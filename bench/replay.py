@@ -1,4 +1,4 @@
-"""Replay throughput and restore time: what reading a run back costs (design §11).
+"""Replay throughput and restore time: what reading a run back costs (docs/design.md §9).
 
 On a realistic run log of 10^6 records (`bench.runlog`, generated once and cached; 10^5 with
 `--quick`), SQLite file, measured:

@@ -1,8 +1,9 @@
 """Per-group sibling/attempt state: the recovery ledger's state, folded from the log.
 
 `fold(state, event)` is the only way this state changes, live and on rebuild alike. It enforces
-every rule of the ledger (design §5) and raises `RuleViolation` on an event that breaks one, so a
-hand-edited or out-of-order log cannot fold into a state the ledger would never have produced.
+every rule of the ledger (docs/design.md §4) and raises `RuleViolation` on an event that breaks
+one, so a hand-edited or out-of-order log cannot fold into a state the ledger would never have
+produced.
 The fold updates the container it is given (so a rebuild over 10^8 records does not copy a
 1000-group dict per record) and changes it only once an event is known to be valid; take
 `state.copy()` first to try events out. Group, sibling and attempt values are immutable.

@@ -1,4 +1,4 @@
-"""Every cleanup is an event (design §7): which rows, why, which step, logged before the delete.
+"""Every cleanup is an event (docs/design.md §7): which rows, why, which step, logged first.
 
 Also the rest of the finalization contract: per-sibling weight versions in seals and
 GroupFinalized, resolving a finalization_unknown group by the canonical partition, and the

@@ -1,4 +1,4 @@
-"""The ledger's invariant under random command sequences, crashes and restores (design §7).
+"""The ledger's invariant under random command sequences, crashes and restores (docs/design.md §6).
 
 For any sequence: the live state equals the state rebuilt from the log; a rejected command
 appends nothing; a restore never loses a sibling that was sealed at its checkpoint; effective

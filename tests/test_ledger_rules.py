@@ -1,4 +1,4 @@
-"""The ledger's domain rules (design §5): each rejected command raises and appends nothing."""
+"""The ledger's rules (docs/design.md §4): each rejected command raises and appends nothing."""
 
 from __future__ import annotations
 
@@ -528,6 +528,20 @@ def test_checkpoint_needs_the_exclusive_cut(harness: Harness) -> None:
     h = harness
     with pytest.raises(LedgerRuleError, match="exclusive checkpoint cut"):
         h.run(lambda cut: h.ledger.checkpoint(cut, step=1, directory=str(h.path.parent / "x")))
+
+
+def test_a_checkpoint_directory_that_is_a_file_is_refused_and_appends_nothing(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    not_a_folder = h.path.parent / "step_1"
+    not_a_folder.write_text("weights")
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match="is a file, not a folder"):
+        h.run_checkpoint(lambda cut: h.ledger.checkpoint(cut, step=1, directory=str(not_a_folder)))
+    assert h.log.head() == head
+    assert not_a_folder.read_text() == "weights"
 
 
 def test_second_controller_writing_concurrently_gets_concurrency_error(harness: Harness) -> None:

@@ -1,5 +1,5 @@
-"""A long simulated run leaks nothing (design §7): thousands of groups, failures, finalization
-outcomes, discards, trains, checkpoints and restores, on the in-memory data plane.
+"""A long simulated run leaks nothing (docs/design.md §7): thousands of groups, failures,
+finalization outcomes, discards, trains, checkpoints and restores, on the in-memory data plane.
 
 At every checkpoint the data plane holds exactly the rows the ledger references (staging rows
 owned by sealed siblings or staged by live attempts, canonical rows owned by the replay

@@ -1,4 +1,4 @@
-"""Checkpoint and restore (design §7): what comes back, what reruns, what is rolled back."""
+"""Checkpoint and restore (docs/design.md §6): what comes back, what reruns, what is rolled back."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ that process restores from the newest checkpoint and finishes the run.
 
 Whoever starts processes stops them: the parent kills its child by PID on any error or
 interrupt, and after a SIGKILL it stops, by PID, the Ray/TransferQueue processes the child
-started (they would otherwise live on as orphans, design §8).
+started (they would otherwise live on as orphans).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The recovery ledger: the command side of rollout recovery (design §5, §7).
+"""The recovery ledger: the command side of rollout recovery (docs/design.md §4, §6).
 
 Every command takes a live cut from the mutation barrier, turns its arguments into events,
 and hands them to `_commit`, the one write path: it folds them into a copy of the state (every
@@ -24,7 +24,7 @@ The ledger itself keeps only the preconditions that need something the fold cann
   for a group the ledger no longer holds is stale);
 - the data plane (`checkpoint`: every sealed row exists; `clear_superseded_rows`;
   `resolve_finalization_unknown`: the canonical rows decide). Every deletion is recorded
-  first, in the same append as the fact that frees the rows where there is one (design §7);
+  first, in the same append as the fact that frees the rows where there is one (docs/design.md §7);
 - the barrier (`checkpoint` needs the exclusive cut; a fenced ledger refuses commands);
 - command idempotency (`_repeat`: an identical repeat of an accepted seal is a no-op).
 
@@ -1217,6 +1217,7 @@ class RecoveryLedger:
         (`retire_checkpoints`). The crash points are walked in DURABILITY.md §9.
         """
         self._require_cut(cut)
+        require_checkpoint_folder(directory)
         if not cut.exclusive:
             raise LedgerRuleError(
                 "checkpoint needs the barrier's exclusive checkpoint cut, found a mutation cut",
@@ -1409,6 +1410,19 @@ class RecoveryLedger:
 def _token_count(row: Row) -> int:
     ids = row.get("token_ids")
     return len(ids) if isinstance(ids, Sized) else 0
+
+
+def require_checkpoint_folder(directory: str) -> None:
+    """A checkpoint directory is a folder (or not there yet), refused before anything is saved.
+
+    It may be reused: the data plane is saved into a fresh folder under it
+    (`checkpoint.checkpoint_location`), never into the files of a checkpoint the log names.
+    """
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise LedgerRuleError(
+            f"checkpoint directory {directory!r} is a file, not a folder (nothing was appended)"
+        )
 
 
 def _agent_name(prompt: Prompt) -> str | None:

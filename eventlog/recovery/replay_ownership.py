@@ -1,4 +1,4 @@
-"""Replay ownership: who owns a finalized group until it trains or is evicted (design §4).
+"""Replay ownership: who owns a finalized group until it trains or is evicted (docs/design.md §3).
 
 Every command names groups by id, never by buffer position, so a removal computed before an
 `await` still removes exactly the groups it meant even if other removals shifted positions in

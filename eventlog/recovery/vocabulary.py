@@ -390,7 +390,7 @@ class RowsCleared(Event, frozen=True, kw_only=True):
 
     Appended before the delete, or in the same atomic append as the fact that frees the rows
     (ReplayConsumed, ReplayEvicted): a crash in between leaves rows the log calls cleared,
-    which the next restore deletes again (design §7).
+    which the next restore deletes again (docs/design.md §7).
     """
 
     schema: ClassVar[int] = 1
