@@ -14,7 +14,6 @@ import contextlib
 import shutil
 import sqlite3
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import impls
-from bench.common import Results, Sample, machine, summarize
+from bench.common import Results, Sample, machine, scratch, summarize
 from bench.impls import Appender
 from bench.pg import PgServer, PgUnavailable, pg_server
 from bench.workload import Call, batch_plan, count_events, writers_plan
@@ -629,44 +628,41 @@ def run(
     console = console or Console()
     repeats = repeats if repeats is not None else (1 if quick else 3)
     scale = scale if scale is not None else (0.15 if quick else 1.0)
-    made_workdir = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="eventlog-bench-")) if workdir is None else workdir
-    work.mkdir(parents=True, exist_ok=True)
-    results = Results("append", machine(work, {"repeats": repeats, "scale": scale}))
-    rows: list[dict[str, Any]] = []
+    with scratch(workdir, "eventlog-bench-") as work:
+        results = Results("append", machine(work, {"repeats": repeats, "scale": scale}))
+        rows: list[dict[str, Any]] = []
 
-    def on_row(row: dict[str, Any]) -> None:
-        console.print(
-            f"  {row['backend']:<10} {row['durability']:<6} {row['mode']:<7} "
-            f"batch {row['batch']:>4} writers {row['writers']:>2} {row['impl']:<13} "
-            f"{row['events_per_s']:>10,.0f} ev/s  p99 {row['p99_ms']:.2f} ms",
-            highlight=False,
-        )
-
-    read_rows: list[dict[str, Any]] = []
-
-    def sweep(stores: Stores, backend_durabilities: Sequence[Durability]) -> None:
-        for durability in backend_durabilities:
-            for setting in settings(stores.backend, durability):
-                rows.extend(
-                    run_setting(
-                        stores,
-                        setting,
-                        impl_names=impl_names,
-                        repeats=repeats,
-                        scale=scale,
-                        on_row=on_row,
-                    )
-                )
-        for row in read_cells(stores, repeats, max(1000, int(50_000 * scale))):
+        def on_row(row: dict[str, Any]) -> None:
             console.print(
-                f"  {row['backend']:<10} read (decoded)  {row['impl']:<13} "
-                f"{row['records_per_s']:>10,.0f} records/s",
+                f"  {row['backend']:<10} {row['durability']:<6} {row['mode']:<7} "
+                f"batch {row['batch']:>4} writers {row['writers']:>2} {row['impl']:<13} "
+                f"{row['events_per_s']:>10,.0f} ev/s  p99 {row['p99_ms']:.2f} ms",
                 highlight=False,
             )
-            read_rows.append(row)
 
-    try:
+        read_rows: list[dict[str, Any]] = []
+
+        def sweep(stores: Stores, backend_durabilities: Sequence[Durability]) -> None:
+            for durability in backend_durabilities:
+                for setting in settings(stores.backend, durability):
+                    rows.extend(
+                        run_setting(
+                            stores,
+                            setting,
+                            impl_names=impl_names,
+                            repeats=repeats,
+                            scale=scale,
+                            on_row=on_row,
+                        )
+                    )
+            for row in read_cells(stores, repeats, max(1000, int(50_000 * scale))):
+                console.print(
+                    f"  {row['backend']:<10} read (decoded)  {row['impl']:<13} "
+                    f"{row['records_per_s']:>10,.0f} records/s",
+                    highlight=False,
+                )
+                read_rows.append(row)
+
         if "sqlite" in backends:
             console.print(f"[bold]SQLite[/] ({work}, {results.header['workdir_filesystem']})")
             sweep(SqliteStores(work), durabilities)
@@ -681,9 +677,6 @@ def run(
                 reason = f"PostgreSQL rows skipped: {exc}"
                 results.header["postgresql"] = {"skipped": reason}
                 console.print(f"[yellow]{reason}[/]")
-    finally:
-        if made_workdir:
-            shutil.rmtree(work, ignore_errors=True)
     add_ratios(rows)
     costs = guarantee_costs()
     add_guarantee_shares(costs, rows)

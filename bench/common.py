@@ -6,11 +6,14 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import sqlite3
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -132,6 +135,19 @@ def machine(workdir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any
             info[dist] = None
     info.update(extra or {})
     return info
+
+
+@contextmanager
+def scratch(workdir: Path | None, prefix: str) -> Iterator[Path]:
+    """The caller's workdir (kept), or a temporary one removed when the run ends."""
+    made = workdir is None
+    work = Path(tempfile.mkdtemp(prefix=prefix)) if workdir is None else workdir
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if made:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 @dataclass

@@ -16,9 +16,7 @@ eventlog / eventsourcing on each backend (above 1: eventlog is faster).
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +31,7 @@ from eventsourcing.system import ProcessApplication
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import Results, machine
+from bench.common import Results, machine, scratch
 from bench.pg import PgServer, PgUnavailable, pg_server
 
 PHASES = ("open", "deposit", "follow", "reload")
@@ -259,13 +257,10 @@ def run(
     repeats = repeats if repeats is not None else (1 if quick else 3)
     scale = scale if scale is not None else (0.1 if quick else 1.0)
     accounts, deposits = max(2, round(100 * scale)), max(4, round(1000 * scale))
-    made = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="eventlog-esapp-")) if workdir is None else workdir
-    work.mkdir(parents=True, exist_ok=True)
-    header = machine(work, {"repeats": repeats, "accounts": accounts, "deposits": deposits})
-    results = Results("esapp", header)
-    rows: list[dict[str, Any]] = []
-    try:
+    with scratch(workdir, "eventlog-esapp-") as work:
+        header = machine(work, {"repeats": repeats, "accounts": accounts, "deposits": deposits})
+        results = Results("esapp", header)
+        rows: list[dict[str, Any]] = []
         if "sqlite" in backends:
             console.print(f"[bold]SQLite[/] ({work}, {header['workdir_filesystem']})")
             rows += measure(sqlite_impls(work), accounts, deposits, repeats, console)
@@ -278,9 +273,6 @@ def run(
                 reason = f"PostgreSQL rows skipped: {exc}"
                 header["postgresql"] = {"skipped": reason}
                 console.print(f"[yellow]{reason}[/]")
-    finally:
-        if made:
-            shutil.rmtree(work, ignore_errors=True)
     add_ratios(rows)
     results.rows = rows
     console.print(table(rows))

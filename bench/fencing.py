@@ -15,9 +15,7 @@ difference in proportion.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine
+from bench.common import RESULTS_DIR, Results, machine, scratch
 from bench.pg import PgUnavailable, pg_server
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
@@ -194,12 +192,9 @@ def run(
     console = console or Console()
     repeats = repeats if repeats is not None else (2 if quick else 4)
     commands = int((QUICK_COMMANDS if quick else COMMANDS) * (scale or 1.0))
-    made = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="eventlog-bench-fencing-")) if workdir is None else workdir
-    work.mkdir(parents=True, exist_ok=True)
-    results = Results("fencing", machine(work, {"repeats": repeats, "commands": commands}))
-    rows: list[dict[str, Any]] = []
-    try:
+    with scratch(workdir, "eventlog-bench-fencing-") as work:
+        results = Results("fencing", machine(work, {"repeats": repeats, "commands": commands}))
+        rows: list[dict[str, Any]] = []
         if "sqlite" in backends:
             for durability in ("full", "normal"):
                 target = str(work / f"fencing-{durability}.db")
@@ -210,9 +205,6 @@ def run(
                     rows += cells(server.url(), "postgresql", "full", commands, repeats)
             except PgUnavailable as exc:
                 console.print(f"[yellow]PostgreSQL skipped: {exc}[/]")
-    finally:
-        if made:
-            shutil.rmtree(work, ignore_errors=True)
     results.rows = rows
     for r in rows:
         status = "PASS" if r["command_ratio"] <= COMMAND_TARGET else "MISS"

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import resource
-import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine
+from bench.common import RESULTS_DIR, Results, machine, scratch
 from bench.runlog import CACHE_DIR, REPO, RunLog, copy_log, run_log
 
 RECORDS = 1_000_000
@@ -574,34 +573,31 @@ def run(
     repeats = repeats if repeats is not None else (1 if quick else 3)
     if records is None:
         records = int((QUICK_RECORDS if quick else RECORDS) * (scale or 1.0))
-    made_workdir = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="eventlog-bench-replay-")) if workdir is None else workdir
-    work.mkdir(parents=True, exist_ok=True)
-    results = Results("replay", machine(work, {"repeats": repeats, "records": records}))
-    if "sqlite" not in backends:
-        console.print("[yellow]replay runs on SQLite only; skipped[/]")
-        return results
+    with scratch(workdir, "eventlog-bench-replay-") as work:
+        results = Results("replay", machine(work, {"repeats": repeats, "records": records}))
+        if "sqlite" not in backends:
+            console.print("[yellow]replay runs on SQLite only; skipped[/]")
+            return results
 
-    def on_row(row: dict[str, Any]) -> None:
-        extra = ""
-        if "maxrss_mb" in row:
-            phases = " · ".join(
-                f"{name.removesuffix('_s').replace('_', ' ')} {seconds:.2f}"
-                for name, seconds in sorted(row["phases_s"].items(), key=lambda kv: -kv[1])
-                if seconds >= 0.005
+        def on_row(row: dict[str, Any]) -> None:
+            extra = ""
+            if "maxrss_mb" in row:
+                phases = " · ".join(
+                    f"{name.removesuffix('_s').replace('_', ' ')} {seconds:.2f}"
+                    for name, seconds in sorted(row["phases_s"].items(), key=lambda kv: -kv[1])
+                    if seconds >= 0.005
+                )
+                extra = (
+                    f"  peak RSS {row['maxrss_mb']:,.0f} MB "
+                    f"({row['baseline_maxrss_mb']:,.0f} after imports); {phases} s"
+                )
+            console.print(
+                f"  {row['benchmark']:<8} snapshot {'yes' if row['snapshot'] else 'no ':<3} "
+                f"{row['records']:>10,} records  {row['seconds']:>8.2f} s  "
+                f"{row['records_per_s']:>10,.0f} rec/s{extra}",
+                highlight=False,
             )
-            extra = (
-                f"  peak RSS {row['maxrss_mb']:,.0f} MB ({row['baseline_maxrss_mb']:,.0f} after "
-                f"imports); {phases} s"
-            )
-        console.print(
-            f"  {row['benchmark']:<8} snapshot {'yes' if row['snapshot'] else 'no ':<3} "
-            f"{row['records']:>10,} records  {row['seconds']:>8.2f} s  "
-            f"{row['records_per_s']:>10,.0f} rec/s{extra}",
-            highlight=False,
-        )
 
-    try:
         started = time.perf_counter()
         run_info, cached = run_log(records, cache_dir=cache_dir or CACHE_DIR)
         manifest = run_info.manifest
@@ -629,9 +625,6 @@ def run(
         rows += size_rows(
             [n for n in sizes if n != records], repeats, work, cache_dir or CACHE_DIR, on_row
         )
-    finally:
-        if made_workdir:
-            shutil.rmtree(work, ignore_errors=True)
     results.rows = rows
     results.targets = evaluate_targets(rows)
     console.print(table(rows))
