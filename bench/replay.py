@@ -235,6 +235,32 @@ def scan_rows(
     return rows
 
 
+def _seconds_columns(seconds: dict[str, Any]) -> dict[str, Any]:
+    """A cell's repeats as its row's seconds columns (median first, as the table reads it)."""
+    return {
+        "seconds": seconds["median"],
+        "seconds_min": seconds["min"],
+        "seconds_max": seconds["max"],
+        "seconds_each": seconds["each"],
+    }
+
+
+def _child_columns(got: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the child processes of one cell reported, as its row's columns: medians, and the
+    worst peak RSS (memory is bounded by the worst repeat, not the typical one)."""
+    return {
+        "cpu_s": round(statistics.median(g["cpu_s"] for g in got), 3),
+        "phases_s": {
+            p: round(statistics.median(g["phases"].get(p, 0.0) for g in got), 3)
+            for p in sorted({p for g in got for p in g["phases"]})
+        },
+        "maxrss_mb": round(max(g["maxrss_mb"] for g in got), 1),
+        "baseline_maxrss_mb": round(statistics.median(g["baseline_maxrss_mb"] for g in got), 1),
+        "groups": got[0]["groups"],
+        "counts": got[0]["counts"],
+    }
+
+
 def recovery_rows(
     run: RunLog, repeats: int, work: Path, on_row: Callable[[dict[str, Any]], None]
 ) -> list[dict[str, Any]]:
@@ -264,27 +290,15 @@ def recovery_rows(
             folded = 0 if snapshot else last_ckpt
         else:
             folded = run.records - last_ckpt if snapshot else run.records
-        phase_names = sorted({p for g in got for p in g["phases"]})
         row = {
             "benchmark": what,
             "records": run.records,
             "snapshot": snapshot,
-            "seconds": seconds["median"],
-            "seconds_min": seconds["min"],
-            "seconds_max": seconds["max"],
-            "seconds_each": seconds["each"],
+            **_seconds_columns(seconds),
             "records_per_s": round(run.records / seconds["median"], 1),
             "folded_records": folded,
             "checkpoint_seq": last_ckpt,
-            "cpu_s": round(statistics.median(g["cpu_s"] for g in got), 3),
-            "phases_s": {
-                p: round(statistics.median(g["phases"].get(p, 0.0) for g in got), 3)
-                for p in phase_names
-            },
-            "maxrss_mb": round(max(g["maxrss_mb"] for g in got), 1),
-            "baseline_maxrss_mb": round(statistics.median(g["baseline_maxrss_mb"] for g in got), 1),
-            "groups": got[0]["groups"],
-            "counts": got[0]["counts"],
+            **_child_columns(got),
             "snapshots_untrusted": got[0]["snapshots_untrusted"],
             "repeats": repeats,
         }
@@ -337,21 +351,10 @@ def other_version_rows(
         "benchmark": "restore_other_version",
         "records": run.records,
         "snapshot": True,
-        "seconds": seconds["median"],
-        "seconds_min": seconds["min"],
-        "seconds_max": seconds["max"],
-        "seconds_each": seconds["each"],
+        **_seconds_columns(seconds),
         "records_per_s": round(run.records / seconds["median"], 1),
         "folded_records": run.manifest["checkpoints"][-1]["seq"],
-        "cpu_s": round(statistics.median(g["cpu_s"] for g in got), 3),
-        "phases_s": {
-            p: round(statistics.median(g["phases"].get(p, 0.0) for g in got), 3)
-            for p in sorted({p for g in got for p in g["phases"]})
-        },
-        "maxrss_mb": round(max(g["maxrss_mb"] for g in got), 1),
-        "baseline_maxrss_mb": round(statistics.median(g["baseline_maxrss_mb"] for g in got), 1),
-        "groups": got[0]["groups"],
-        "counts": got[0]["counts"],
+        **_child_columns(got),
         "snapshots_untrusted": got[0]["snapshots_untrusted"],
         "same_version_seconds": same["seconds"],
         "vs_same_version": round(seconds["median"] / same["seconds"], 2),
@@ -496,22 +499,11 @@ def size_rows(
             "benchmark": "restore",
             "records": run_info.records,
             "snapshot": True,
-            "seconds": seconds["median"],
-            "seconds_min": seconds["min"],
-            "seconds_max": seconds["max"],
-            "seconds_each": seconds["each"],
+            **_seconds_columns(seconds),
             "records_per_s": round(run_info.records / seconds["median"], 1),
             "folded_records": 0,
             "checkpoint_seq": run_info.manifest["checkpoints"][-1]["seq"],
-            "cpu_s": round(statistics.median(g["cpu_s"] for g in got), 3),
-            "phases_s": {
-                p: round(statistics.median(g["phases"].get(p, 0.0) for g in got), 3)
-                for p in sorted({p for g in got for p in g["phases"]})
-            },
-            "maxrss_mb": round(max(g["maxrss_mb"] for g in got), 1),
-            "baseline_maxrss_mb": round(statistics.median(g["baseline_maxrss_mb"] for g in got), 1),
-            "groups": got[0]["groups"],
-            "counts": got[0]["counts"],
+            **_child_columns(got),
             "repeats": repeats,
         }
         on_row(row)
