@@ -13,6 +13,7 @@ import hashlib
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -173,29 +174,26 @@ def raw_read_decode(target: str | Path) -> int:
 
     decoders = {name: msgspec.msgpack.Decoder(cls) for name, cls in event_types().items()}
     sql = f"SELECT {_INSERT_COLUMNS} FROM events WHERE seq >= {{m}} ORDER BY seq LIMIT 1000"
-    count, next_seq = 0, 1
-    if "://" in str(target):
-        import psycopg
 
-        url = str(target).replace("postgresql+psycopg://", "postgresql://")
-        with psycopg.connect(url) as conn:
-            while True:
-                rows = conn.execute(sql.format(m="%s"), (next_seq,)).fetchall()
-                for row in rows:
-                    decoders[row[4]].decode(row[7])
-                count += len(rows)
-                if len(rows) < 1000:
-                    return count
-                next_seq = rows[-1][0] + 1
-    with sqlite3.connect(target) as sconn:
+    def scan(page: Callable[[int], list[Any]]) -> int:
+        count, next_seq = 0, 1
         while True:
-            rows = sconn.execute(sql.format(m="?"), (next_seq,)).fetchall()
+            rows = page(next_seq)
             for row in rows:
                 decoders[row[4]].decode(row[7])
             count += len(rows)
             if len(rows) < 1000:
                 return count
             next_seq = rows[-1][0] + 1
+
+    if "://" in str(target):
+        import psycopg
+
+        url = str(target).replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(url) as conn:
+            return scan(lambda seq: conn.execute(sql.format(m="%s"), (seq,)).fetchall())
+    with sqlite3.connect(target) as sconn:
+        return scan(lambda seq: sconn.execute(sql.format(m="?"), (seq,)).fetchall())
 
 
 # -- the eventsourcing library --------------------------------------------------------------
