@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -326,14 +327,7 @@ def main(
         found = run_ledger_soak(
             kills=kills, rotate=rotate, max_delay=max_delay, seed=seed, workdir=folder
         )
-        result = asdict(found)
-        result["ok"] = found.ok
-        text = json.dumps(result, indent=2)
-        click.echo(text)
-        if out is not None:
-            out.write_text(text + "\n")
-        if not found.ok:
-            sys.exit(1)
+        _emit(asdict(found), found.ok, out)
         return
     if postgres_url:
         factory, backend = postgres_targets(postgres_url), "postgresql"
@@ -348,13 +342,17 @@ def main(
         seed=seed,
         workdir=folder,
     )
-    result = asdict(report)
-    result["ok"] = report.ok
+    _emit(asdict(report), report.ok, out)
+
+
+def _emit(result: dict[str, Any], ok: bool, out: Path | None) -> None:
+    """A soak's report as JSON on stdout (and in --out); exit 1 when it found a broken rule."""
+    result["ok"] = ok
     text = json.dumps(result, indent=2)
     click.echo(text)
     if out is not None:
         out.write_text(text + "\n")
-    if not report.ok:
+    if not ok:
         sys.exit(1)
 
 
