@@ -101,16 +101,6 @@ def translate(exc: BaseException, target: str) -> EventLogError | None:
     return None
 
 
-def translated_error(exc: BaseException, target: str) -> BaseException:
-    """`translate`, or the exception itself when it is no database error."""
-    typed = translate(exc, target)
-    if typed is None:
-        return exc
-    if typed is not exc and typed.__cause__ is None:
-        typed.__cause__ = exc
-    return typed
-
-
 @contextlib.contextmanager
 def translating(target: str) -> Iterator[None]:
     """Raise driver errors from the block as their typed eventlog error (cause kept)."""
