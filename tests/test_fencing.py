@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,9 +23,8 @@ from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.errors import BarrierError, ControllerFencedError, LedgerRuleError
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import EPOCH_STREAM, ControllerEpochStarted, PromptRef
-from tests.fixtures.ledger import Harness, make_prompt
+from tests.fixtures.ledger import Harness, last_json_of_child, make_prompt
 
-REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 _CHILD = textwrap.dedent(
@@ -72,16 +68,7 @@ _CHILD = textwrap.dedent(
 
 def take_over(target: str, mode: str, prompts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Controller B, in its own process: open (or restore) the ledger and reserve group gB."""
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, target, mode, json.dumps(prompts or {})],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert child.returncode == 0, child.stderr
-    out: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = last_json_of_child(_CHILD, target, mode, json.dumps(prompts or {}))
     return out
 
 

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -23,16 +19,17 @@ from eventlog.recovery.vocabulary import (
 )
 from projections.history import effective, rolled_back
 from projections.siblings import state_digest
-from tests.fixtures.ledger import Harness, backend_harness_fixture  # noqa: F401
+from tests.fixtures.ledger import (  # noqa: F401
+    Harness,
+    backend_harness_fixture,
+    last_json_of_child,
+)
 
 
 @pytest.fixture(name="harness")
 def _harness_on_each_backend(backend_harness: Harness) -> Harness:
     """Every test here runs on SQLite and on the real PostgreSQL server."""
     return backend_harness
-
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _restore(h: Harness, step: int | None = None):  # type: ignore[no-untyped-def]
@@ -97,16 +94,7 @@ def test_sealed_siblings_are_reused_across_a_process_restart(harness: Harness) -
     rows_before = sorted(h.data_plane.list_keys("rollout_staging"))
     h.checkpoint(5)
     h.log.close()
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, h.location, json.dumps(h.dataset.prompts)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert child.returncode == 0, child.stderr
-    out = json.loads(child.stdout.strip().splitlines()[-1])
+    out = last_json_of_child(_CHILD, h.location, json.dumps(h.dataset.prompts))
     group = out["groups"]["g1"]
     assert group["sealed"] == [
         [0, 0, "g1_g0", ["g1_g0/call-0", "g1_g0/call-1"], 0.25, 5],
