@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -148,6 +150,18 @@ def scratch(workdir: Path | None, prefix: str) -> Iterator[Path]:
     finally:
         if made:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def print_targets(console: Console, targets: Sequence[dict[str, Any]], fmt: str) -> None:
+    """Each target's verdict line: its ratio and the per-repeat range, in `fmt`."""
+    for t in targets:
+        style = "green" if t["status"] == "PASS" else "bold red"
+        need = f"{'≤' if t.get('at_most') else '≥'} {t['need']:,}"
+        console.print(
+            f"[{style}]{t['status']}[/] {t['target']}: {t['ratio']:{fmt}} (need {need}; "
+            f"per repeat {t['paired_min']:{fmt}}–{t['paired_max']:{fmt}})",
+            highlight=False,
+        )
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, scratch
+from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch
 from bench.pg import PgUnavailable, pg_server
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
@@ -220,13 +220,7 @@ def run(
             }
         )
     console.print(table(rows))
-    for t in results.targets:
-        style = "green" if t["status"] == "PASS" else "bold red"
-        console.print(
-            f"[{style}]{t['status']}[/] {t['target']}: {t['ratio']:.3f} (need ≤ {t['need']}; "
-            f"per repeat {t['paired_min']:.3f}–{t['paired_max']:.3f})",
-            highlight=False,
-        )
+    print_targets(console, results.targets, ".3f")
     if out_dir is not None:
         for path in results.write(out_dir):
             console.print(f"wrote {path}")

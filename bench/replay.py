@@ -44,7 +44,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, scratch
+from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch
 from bench.runlog import CACHE_DIR, REPO, RunLog, copy_log, run_log
 
 RECORDS = 1_000_000
@@ -632,14 +632,7 @@ def run(
             f"{reference['events_per_s']:,.0f} ev/s)",
             highlight=False,
         )
-    for t in results.targets:
-        style = "green" if t["status"] == "PASS" else "bold red"
-        need = f"{'≤' if t.get('at_most') else '≥'} {t['need']:,}"
-        console.print(
-            f"[{style}]{t['status']}[/] {t['target']}: {t['ratio']:,.2f} (need {need}; "
-            f"per repeat {t['paired_min']:,.2f}–{t['paired_max']:,.2f})",
-            highlight=False,
-        )
+    print_targets(console, results.targets, ",.2f")
     if out_dir is not None:
         for path in results.write(out_dir):
             console.print(f"wrote {path}")
