@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.events import Event
 from eventlog.recovery.barrier import Cut
-from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.vocabulary import (
     REPLAY_STREAM,
     ReplayConsumed,
@@ -87,28 +86,22 @@ class ReplayOwnership:
         """Return selected groups to the buffer untrained."""
         self._append(cut, ReplayReleased(group_ids=list(group_ids), reason=reason))
 
-    def _present(self, group_ids: Sequence[str], status: ReplayStatus, action: str) -> list[str]:
+    def _present(self, group_ids: Sequence[str]) -> list[str]:
+        """The ids the buffer still owns: one already removed by someone else is skipped (that
+        is the point of ids); the status an owned one must be in is the fold's rule."""
         replay = self._state().replay
-        present = []
-        for gid in dict.fromkeys(group_ids):
-            entry = replay.get(gid)
-            if entry is None:
-                continue  # already removed by someone else: that is the point of ids
-            if entry.status != status:
-                raise LedgerRuleError(f"group {gid!r}: cannot {action} while it is {entry.status}")
-            present.append(gid)
-        return present
+        return [gid for gid in dict.fromkeys(group_ids) if gid in replay]
 
     def consume(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> list[str]:
         """Selected groups trained at `step`; returns the ids removed (absent ones skipped)."""
-        present = self._present(group_ids, "selected", "consume")
+        present = self._present(group_ids)
         if present:
             self._append(cut, ReplayConsumed(group_ids=present, step=step))
         return present
 
     def evict(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> list[str]:
         """Drop ready groups untrained; returns the ids removed (absent ones skipped)."""
-        present = self._present(group_ids, "ready", "evict")
+        present = self._present(group_ids)
         if present:
             self._append(cut, ReplayEvicted(group_ids=present, reason=reason))
         return present
