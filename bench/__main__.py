@@ -15,13 +15,14 @@ from typing import Any
 import click
 from rich.console import Console
 
-from bench import append, esapp, fencing, replay, rollout, scale
+from bench import append, audit, esapp, fencing, replay, rollout, scale
 from bench.common import RESULTS_DIR
 
 Benchmark = Callable[..., Any]
 
 BENCHMARKS: dict[str, Benchmark] = {
     "append": append.run,
+    "audit": audit.run,
     "esapp": esapp.run,
     "fencing": fencing.run,
     "replay": replay.run,

@@ -1,0 +1,47 @@
+"""The audit benchmark's smoke run: every audit command timed and measured at both log sizes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from bench import audit
+from bench.__main__ import BENCHMARKS
+from bench.runlog import run_log
+
+
+def test_quick_audit_benchmark_times_every_command_at_both_sizes(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    logs = [run_log(n, cache_dir=cache)[0] for n in (6000, 3000)]
+    before = [hashlib.sha256(log.path.read_bytes()).hexdigest() for log in logs]
+    out = tmp_path / "out"
+    output = io.StringIO()
+    results = audit.run(
+        quick=True,
+        sizes=[3000, 6000],
+        out_dir=out,
+        workdir=tmp_path / "work",
+        cache_dir=cache,
+        console=Console(file=output, width=200),
+    )
+    rows = json.loads((out / "audit.json").read_text())
+    assert rows == results.rows
+    assert [(r["records"], r["command"]) for r in rows] == [
+        (log.records, command) for log in logs for command in audit.COMMANDS
+    ]
+    for row in rows:
+        assert row["seconds"] > 0 and row["records_per_s"] > 0 and row["maxrss_mb"] > 0
+        assert len(row["seconds_each"]) == len(row["maxrss_mb_each"]) == 1
+    assert (tmp_path / "work" / "out-6000" / "run.html").stat().st_size > 0
+    names = [t["target"] for t in results.targets]
+    assert len(names) == 2 * len(audit.COMMANDS)
+    for command in audit.COMMANDS:
+        assert sum(name.startswith(command) for name in names) == 2
+    assert {t["status"] for t in results.targets} <= {"PASS", "MISS"}
+    assert "replay --json records/s" in output.getvalue()
+    assert [hashlib.sha256(log.path.read_bytes()).hexdigest() for log in logs] == before
+    assert BENCHMARKS["audit"] is audit.run
