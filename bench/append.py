@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import impls
-from bench.common import Results, Sample, machine, scratch, summarize
+from bench.common import Results, Sample, machine, scratch, summarize, verdict
 from bench.impls import Appender
 from bench.pg import PgServer, PgUnavailable, pg_server
 from bench.workload import Call, batch_plan, count_events, writers_plan
@@ -537,17 +537,9 @@ def read_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             a / b
             for a, b in zip(ours["records_per_s_each"], raw["records_per_s_each"], strict=True)
         ]
+        name = f"{backend}: EventLog.read (decoded) vs raw driver scan + msgspec decode"
         targets.append(
-            {
-                "target": f"{backend}: EventLog.read (decoded) vs raw driver scan + msgspec decode",
-                "need": 0.5,
-                "status": "PASS" if ratio >= 0.5 else "MISS",
-                "ratio": round(ratio, 3),
-                "paired_min": round(min(paired), 3),
-                "paired_max": round(max(paired), 3),
-                "cpu_ratio": None,
-                "against": "raw read + decode",
-            }
+            verdict(name, ratio, 0.5, paired) | {"cpu_ratio": None, "against": "raw read + decode"}
         )
     return targets
 

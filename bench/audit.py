@@ -34,7 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch
+from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch, verdict
 from bench.runlog import CACHE_DIR, RunLog, run_log
 
 SIZES = (1_000_000, 100_000)
@@ -146,28 +146,13 @@ def command_rows(run: RunLog, repeats: int, work: Path, console: Console) -> lis
     return rows
 
 
-def _target(
-    name: str, ratio: float, need: float, paired: Sequence[float], *, at_most: bool
-) -> dict[str, Any]:
-    passed = ratio <= need if at_most else ratio >= need
-    return {
-        "target": name,
-        "need": need,
-        "at_most": at_most,
-        "status": "PASS" if passed else "MISS",
-        "ratio": round(ratio, 3),
-        "paired_min": round(min(paired), 3),
-        "paired_max": round(max(paired), 3),
-    }
-
-
 def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Speed targets on the largest log; memory: larger log's peak RSS over the smaller's."""
     largest = max(r["records"] for r in rows)
     smallest = min(r["records"] for r in rows)
     on = {r["command"]: r for r in rows if r["records"] == largest}
     targets = [
-        _target(
+        verdict(
             f"replay --json records/s ({largest:,} records)",
             on["replay --json"]["records_per_s"],
             REPLAY_RECORDS_PER_S,
@@ -179,7 +164,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         need = INTERACTIVE_S if command in ("inspect group", "state --at") else BATCH_S
         row = on[command]
         targets.append(
-            _target(f"{command} seconds", row["seconds"], need, row["seconds_each"], at_most=True)
+            verdict(f"{command} seconds", row["seconds"], need, row["seconds_each"], at_most=True)
         )
     if largest != smallest:
         small = {r["command"]: r for r in rows if r["records"] == smallest}
@@ -191,7 +176,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             ]
             targets.append(
-                _target(
+                verdict(
                     f"{command} peak RSS {largest:,} / {smallest:,} records",
                     on[command]["maxrss_mb"] / small[command]["maxrss_mb"],
                     RSS_GROWTH,

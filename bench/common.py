@@ -184,3 +184,19 @@ class Results:
         rows_path.write_text(json.dumps(self.rows, indent=1) + "\n")
         header_path.write_text(json.dumps(self.header, indent=1) + "\n")
         return [rows_path, header_path]
+
+
+def verdict(
+    name: str, ratio: float, need: float, paired: Sequence[float], *, at_most: bool = False
+) -> dict[str, Any]:
+    """One PASS/MISS verdict: the ratio of medians against `need`, with the paired ratios' range."""
+    passed = ratio <= need if at_most else ratio >= need
+    return {
+        "target": name,
+        "need": need,
+        "at_most": at_most,
+        "status": "PASS" if passed else "MISS",
+        "ratio": round(ratio, 3),
+        "paired_min": round(min(paired), 3),
+        "paired_max": round(max(paired), 3),
+    }

@@ -44,7 +44,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch
+from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch, verdict
 from bench.runlog import CACHE_DIR, REPO, RunLog, copy_log, run_log
 
 RECORDS = 1_000_000
@@ -382,21 +382,6 @@ def _append_reference(out_dir: Path | None) -> dict[str, Any] | None:
     return None
 
 
-def _target(
-    name: str, ratio: float, need: float, paired: Sequence[float], *, at_most: bool = False
-) -> dict[str, Any]:
-    passed = ratio <= need if at_most else ratio >= need
-    return {
-        "target": name,
-        "need": need,
-        "at_most": at_most,
-        "status": "PASS" if passed else "MISS",
-        "ratio": round(ratio, 3),
-        "paired_min": round(min(paired), 3),
-        "paired_max": round(max(paired), 3),
-    }
-
-
 def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(r["benchmark"], r["snapshot"], r["records"]): r for r in rows}
     scans = {r["benchmark"]: r for r in rows if "records_per_s_each" in r}
@@ -408,7 +393,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for a, b in zip(ours["records_per_s_each"], raw["records_per_s_each"], strict=True)
         ]
         targets.append(
-            _target(
+            verdict(
                 "EventLog.read (decoded) vs raw sqlite3 scan + msgspec decode",
                 ours["records_per_s"] / raw["records_per_s"],
                 READ_VS_RAW_TARGET,
@@ -418,7 +403,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if "fold" in scans:
         fold = scans["fold"]
         targets.append(
-            _target(
+            verdict(
                 "fold into the sibling projection, records/s",
                 fold["records_per_s"],
                 FOLD_TARGET,
@@ -432,7 +417,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     main = max(restores, key=lambda r: r.get("main", False), default=None)
     if main is not None:
         targets.append(
-            _target(
+            verdict(
                 f"restore of {main['records']:,} records from its snapshot, seconds",
                 main["seconds"],
                 RESTORE_SECONDS_TARGET,
@@ -443,7 +428,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(restores) > 1:
         small, large = restores[0], restores[-1]
         targets.append(
-            _target(
+            verdict(
                 f"restore from snapshot flat in log length: {large['records']:,} vs "
                 f"{small['records']:,} records",
                 large["seconds"] / small["seconds"],
@@ -464,7 +449,7 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for a, b in zip(with_snapshot["seconds_each"], without["seconds_each"], strict=True)
         ]
         targets.append(
-            _target(
+            verdict(
                 f"restore of {with_snapshot['records']:,} records: from its snapshot vs "
                 "folding from seq 1",
                 ratio,
