@@ -83,7 +83,8 @@ class ChildTQ:
 def child_tq(
     tq_runtime: TransferQueueRuntime, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ChildTQ]:
-    from eventlog.dataplane.transferqueue import TEMP_ROOT_ENV, TransferQueueDataPlane
+    from eventlog.dataplane.raysession import TEMP_ROOT_ENV
+    from eventlog.dataplane.transferqueue import TransferQueueDataPlane
 
     work = tmp_path_factory.mktemp("child-tq")
     plane = TransferQueueDataPlane()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable
 
@@ -29,9 +28,22 @@ def _printer(as_json: bool) -> Callable[[RecordedEvent], None]:
     return lambda record: lines.add(view_decoded(record))
 
 
-async def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], None]) -> None:
-    async for record in log.subscribe(from_seq=from_seq, poll_interval=0.5):
-        show(record)
+def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], None]) -> None:
+    """Print every record from `from_seq` on, forever.
+
+    Synchronous on purpose: Ctrl-C then lands in this thread between two reads, with no
+    worker thread or event loop left half-way (an asyncio follower logged a traceback when
+    the interrupt raced a pending read).
+    """
+    next_seq = from_seq
+    while True:
+        head = log.head()
+        if head >= next_seq:
+            for record in log.read(next_seq, head):
+                show(record)
+            next_seq = head + 1
+            continue
+        log.wait_for_append(head, 0.5)
 
 
 @click.command()
@@ -61,6 +73,6 @@ def tail(target: str, count: int, follow: bool, as_json: bool) -> None:
                 show(record)
             return
         try:
-            asyncio.run(_follow(log, start, show))
+            _follow(log, start, show)
         except KeyboardInterrupt:
             return  # following ends when the person stops it: that is success

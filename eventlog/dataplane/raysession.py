@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 MARKER_ENV = "EVENTLOG_RAY_SESSION"
 """Environment variable whose value is the temp dir of the Ray session a process belongs to."""
+TEMP_ROOT_ENV = "EVENTLOG_RAY_TMPDIR"
+"""Where Ray temp dirs are created when no root is passed (keep it short: socket paths)."""
 
 
 def _marker(proc: psutil.Process) -> str | None:

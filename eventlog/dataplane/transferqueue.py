@@ -56,7 +56,12 @@ from eventlog.dataplane.protocol import (
     Row,
     inventory_digest,
 )
-from eventlog.dataplane.raysession import MARKER_ENV, kill_ray_session, session_pids
+from eventlog.dataplane.raysession import (
+    MARKER_ENV,
+    TEMP_ROOT_ENV,
+    kill_ray_session,
+    session_pids,
+)
 from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 
 logger = logging.getLogger(__name__)
@@ -67,8 +72,6 @@ KEY_TAG = RESERVED_TAG_PREFIX + "key"
 """Reserved tag holding the row's own key: TQ's per-key lookups answer without keys."""
 CHECKPOINT_SUBDIR = "transferqueue"
 """TQ's own checkpoint directory inside the directory given to `save_checkpoint`."""
-TEMP_ROOT_ENV = "EVENTLOG_RAY_TMPDIR"
-"""Where `start_transferqueue` creates its Ray temp dir when no `temp_root` is passed."""
 
 # Ray's longest socket path is <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store
 # (64 bytes after the temp dir with a 7-digit pid) and must fit in AF_UNIX's 107 bytes.

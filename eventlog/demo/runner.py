@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from eventlog.dataplane.raysession import TEMP_ROOT_ENV
 from eventlog.demo.scenario import CONFIG_YAML
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
@@ -192,8 +193,9 @@ class DemoRunner:
         if self.options.data_plane != "transferqueue":
             yield
             return
-        # Short: Ray's socket paths under it must stay below 108 bytes.
-        self._ray_root = tempfile.mkdtemp(prefix="evdemo-")
+        # Short: Ray's socket paths under it must stay below 108 bytes, and CI's own temp
+        # root already takes a share of them.
+        self._ray_root = tempfile.mkdtemp(prefix="ev", dir=os.environ.get(TEMP_ROOT_ENV))
         try:
             yield
         finally:
