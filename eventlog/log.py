@@ -263,6 +263,24 @@ class EventLog:
         """Records as stored (payload undecoded): for audits of logs with unknown types."""
         return self._store.read(from_seq, until_seq, streams, types)
 
+    def read_rows(
+        self,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        streams: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> Iterator[RecordRow]:
+        """`read_records` as checked row tuples (seq, stream, version, event_id as 16 bytes,
+        type, schema, recorded_at, payload, chain): for whole-log audits that build no
+        object per record."""
+        return self._store.read_rows(from_seq, until_seq, streams, types)
+
+    def counts(self, until_seq: int | None = None) -> list[tuple[str, str, int, int]]:
+        """(type, stream kind, records, smallest seq) of the records up to `until_seq` (the
+        head by default), counted by the database; a stream's kind is its name up to the
+        first `/`."""
+        return self._store.counts(self.head() if until_seq is None else until_seq)
+
     def read_stream(self, stream: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         """One stream's decoded records in version order."""
         return map(_decode_row, self._store.read_stream_rows(stream, from_version))

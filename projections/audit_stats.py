@@ -13,11 +13,10 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
-from eventlog.events import Event
 from eventlog.recovery.vocabulary import (
     AttemptFailed,
     CheckpointCommitted,
@@ -28,6 +27,8 @@ from eventlog.recovery.vocabulary import (
     GroupFinalized,
     GroupReserved,
     GroupSealed,
+    Index,
+    NonEmpty,
     ReplayConsumed,
     ReplayEvicted,
     RestoreCompleted,
@@ -53,7 +54,49 @@ UNKNOWN_KEY: Key = ("?", "?")
 """Where records of a group no GroupReserved names are counted."""
 
 
-@dataclass
+# -- what the fold reads of the most frequent records ------------------------------------------
+#
+# A run log is mostly worker records (GenerationStarted, TokensStaged, GenerationFinished) and
+# seals; the fold reads three or four fields of each. These views decode just those fields
+# (same tag, same constraints on what they hold), a third of the cost of the whole event.
+
+
+class StartedView(msgspec.Struct, frozen=True, tag="GenerationStarted", tag_field="type"):
+    rollout_id: NonEmpty
+    group_id: NonEmpty
+    generation_index: Index
+    weight_version: int
+
+
+class StagedView(msgspec.Struct, frozen=True, tag="TokensStaged", tag_field="type"):
+    rollout_id: NonEmpty
+    token_count: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class FinishedView(msgspec.Struct, frozen=True, tag="GenerationFinished", tag_field="type"):
+    rollout_id: NonEmpty
+
+
+class SealedView(msgspec.Struct, frozen=True, tag="SiblingSealed", tag_field="type"):
+    group_id: NonEmpty
+    generation_index: Index
+    rollout_id: NonEmpty
+
+
+VIEWS: dict[str, tuple[int, type[msgspec.Struct]]] = {
+    full.__name__: (full.schema, view)
+    for full, view in (
+        (GenerationStarted, StartedView),
+        (TokensStaged, StagedView),
+        (GenerationFinished, FinishedView),
+        (SiblingSealed, SealedView),
+    )
+}
+"""Type name -> (the schema version a view reads, the view): a reader decodes a record of
+that version into the view instead of the event, and `fold_event` takes either."""
+
+
+@dataclass(slots=True)
 class KeyStats:
     """The counters of one (agent, task)."""
 
@@ -90,7 +133,7 @@ class KeyStats:
     """GenerationStarted -> GenerationFinished, by recorded_at, of every finished attempt."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Attempt:
     group_id: str
     index: int
@@ -100,7 +143,7 @@ class _Attempt:
     weight_version: int | None = None
     sealed: bool = False
     dead: bool = False
-    tokens_by_step: Counter[int] = field(default_factory=Counter)
+    tokens_by_step: dict[int, int] = field(default_factory=dict)
     """Tokens staged, by the step whose records staged them."""
 
 
@@ -164,14 +207,55 @@ class AuditState:
     """Finalized groups not yet trained: (weight version, tokens) of each sealed sibling."""
     seq: int = 0
     """The seq of the record being folded."""
+    _skip_window: tuple[int, int, bool] = field(default=(1, 0, False), init=False, repr=False)
+    """(low, high, rolled back): seqs known to be all rolled back or all not (records come in
+    seq order, so most lookups land in the window of the one before)."""
+    _step_window: tuple[int, int, int] = field(default=(1, 0, 0), init=False, repr=False)
+    """(low, high, step): seqs known to belong to one step."""
+    _stats_of: dict[str | None, KeyStats] = field(default_factory=dict, init=False, repr=False)
+    """Group id -> its KeyStats, as `stats(key_of(group))` answers (reset on a reservation)."""
 
     def step_of(self, seq: int) -> int:
         """The step whose records include `seq`: the first step ending at or after it, or the
         step after the last one."""
+        low, high, step = self._step_window
+        if low <= seq <= high:
+            return step
         at = bisect.bisect_left(self.step_ends, (seq, -(10**18)))
+        low = self.step_ends[at - 1][0] + 1 if at > 0 else -(10**18)
         if at < len(self.step_ends):
-            return self.step_ends[at][1]
-        return self.step_ends[-1][1] + 1 if self.step_ends else 0
+            high, step = self.step_ends[at]
+        else:
+            high = 10**18
+            step = self.step_ends[-1][1] + 1 if self.step_ends else 0
+        self._step_window = (low, high, step)
+        return step
+
+    def rolled_back(self, seq: int) -> bool:
+        """Whether a restore rolled `seq` back (`seq in skipped`, remembered by window)."""
+        low, high, inside = self._skip_window
+        if low <= seq <= high:
+            return inside
+        ranges = self.skipped.ranges
+        at = bisect.bisect_right(ranges, (seq, 10**18)) - 1
+        if at >= 0 and ranges[at][0] <= seq <= ranges[at][1]:
+            self._skip_window = (ranges[at][0], ranges[at][1], True)
+            return True
+        low = ranges[at][1] + 1 if at >= 0 else -(10**18)
+        high = ranges[at + 1][0] - 1 if at + 1 < len(ranges) else 10**18
+        self._skip_window = (low, high, False)
+        return False
+
+    def set_key(self, group_id: str, key: Key) -> None:
+        self.keys[group_id] = key
+        self._stats_of.pop(group_id, None)
+
+    def group_stats(self, group_id: str | None) -> KeyStats:
+        """`stats(key_of(group_id))`, remembered per group."""
+        found = self._stats_of.get(group_id)
+        if found is None:
+            found = self._stats_of[group_id] = self.stats(self.key_of(group_id))
+        return found
 
     def step(self, step: int | None = None) -> StepStats:
         step = self.step_of(self.seq) if step is None else step
@@ -219,7 +303,7 @@ def _settle(
 
 def _on_reserved(state: AuditState, ev: GroupReserved, effective: bool) -> None:
     key = (ev.agent_name, ev.prompt_ref.task_name)
-    state.keys[ev.group_id] = key
+    state.set_key(ev.group_id, key)
     if not effective:
         return
     state.stats(key).groups += 1
@@ -238,7 +322,7 @@ def _on_reserved(state: AuditState, ev: GroupReserved, effective: bool) -> None:
 def _on_attempts(
     state: AuditState, ev: SiblingsDispatched | RetryPrepared, effective: bool
 ) -> None:
-    stats = state.stats(state.key_of(ev.group_id))
+    stats = state.group_stats(ev.group_id)
     for ref in ev.attempts:
         _attempt(state, ev.group_id, ref.generation_index, ref.rollout_id)
     if isinstance(ev, SiblingsDispatched):
@@ -257,27 +341,29 @@ def _on_attempts(
 def _on_abandoned(
     state: AuditState, ev: UnsealedAbandoned | GroupAbandoned, effective: bool
 ) -> None:
-    state.stats(state.key_of(ev.group_id)).abandoned += len(ev.attempts)
+    state.group_stats(ev.group_id).abandoned += len(ev.attempts)
     if effective:
         for ref in ev.attempts:
             _attempt(state, ev.group_id, ref.generation_index, ref.rollout_id).dead = True
 
 
 def _on_failed(state: AuditState, ev: AttemptFailed, effective: bool) -> None:
-    state.stats(state.key_of(ev.group_id)).failed += 1
+    state.group_stats(ev.group_id).failed += 1
     state.step().failed += 1
     if effective:
         _attempt(state, ev.group_id, ev.generation_index, ev.rollout_id).dead = True
 
 
-def _on_sealed(state: AuditState, ev: SiblingSealed | GroupSealed, effective: bool) -> None:
+def _on_sealed(
+    state: AuditState, ev: SiblingSealed | SealedView | GroupSealed, effective: bool
+) -> None:
     if not effective:
         return
     group = state.groups.get(ev.group_id)
     results = (
-        [(ev.generation_index, ev.rollout_id)]
-        if isinstance(ev, SiblingSealed)
-        else [(r.generation_index, r.rollout_id) for r in ev.results]
+        [(r.generation_index, r.rollout_id) for r in ev.results]
+        if isinstance(ev, GroupSealed)
+        else [(ev.generation_index, ev.rollout_id)]
     )
     for index, rid in results:
         _attempt(state, ev.group_id, index, rid).sealed = True
@@ -286,13 +372,13 @@ def _on_sealed(state: AuditState, ev: SiblingSealed | GroupSealed, effective: bo
 
 
 def _on_stale(state: AuditState, ev: StaleResultRejected, effective: bool) -> None:
-    state.stats(state.key_of(ev.group_id)).stale_rejected += 1
+    state.group_stats(ev.group_id).stale_rejected += 1
 
 
 def _on_left(state: AuditState, ev: GroupFinalized | GroupDiscarded, effective: bool) -> None:
     if not effective:
         return
-    stats = state.stats(state.key_of(ev.group_id))
+    stats = state.group_stats(ev.group_id)
     finalized = isinstance(ev, GroupFinalized)
     if finalized:
         stats.finalized += 1
@@ -351,7 +437,7 @@ def _on_checkpoint(state: AuditState, ev: CheckpointCommitted, effective: bool) 
     state.checkpoints += effective
 
 
-_HANDLERS: dict[type[Event], Callable[[AuditState, Any, bool], None]] = {
+_HANDLERS: dict[type, Callable[[AuditState, Any, bool], None]] = {
     GroupReserved: _on_reserved,
     SiblingsDispatched: _on_attempts,
     RetryPrepared: _on_attempts,
@@ -359,6 +445,7 @@ _HANDLERS: dict[type[Event], Callable[[AuditState, Any, bool], None]] = {
     GroupAbandoned: _on_abandoned,
     AttemptFailed: _on_failed,
     SiblingSealed: _on_sealed,
+    SealedView: _on_sealed,
     GroupSealed: _on_sealed,
     StaleResultRejected: _on_stale,
     GroupFinalized: _on_left,
@@ -375,7 +462,7 @@ def count_record(state: AuditState, seq: int) -> bool:
     """Count a record of any type (rolled back or not) without reading its event; True when
     it counts. A reader that skips decoding the types `fold_audit` ignores calls this for
     them, so the record counts still cover the whole log."""
-    effective = seq not in state.skipped
+    effective = not state.rolled_back(seq)
     state.records += 1
     state.seq = seq
     state.rolled_back_records += not effective
@@ -384,38 +471,68 @@ def count_record(state: AuditState, seq: int) -> bool:
 
 def fold_audit(state: AuditState, record: AuditRecord) -> AuditState:
     """Count one record into the statistics (records must come in seq order)."""
-    ev = record.event
-    effective = count_record(state, record.seq)
-    handler = _HANDLERS.get(type(ev))
-    if handler is not None:
-        handler(state, ev, effective)
-    elif isinstance(ev, GenerationStarted):
-        attempt = _attempt(state, ev.group_id, ev.generation_index, ev.rollout_id)
-        attempt.started_ns = record.recorded_at
-        attempt.weight_version = ev.weight_version
-        state.stats(state.key_of(ev.group_id)).started += 1
-    elif isinstance(ev, TokensStaged | GenerationFinished):
-        _worker_record(state, ev, record.recorded_at)
+    fold_event(state, record.seq, record.recorded_at, record.event)
     return state
 
 
-def _worker_record(state: AuditState, ev: TokensStaged | GenerationFinished, at: int) -> None:
+def fold_event(state: AuditState, seq: int, recorded_at: int, ev: object | None) -> None:
+    """`fold_audit` of a record given as its seq, recorded_at and its event (or its view
+    from VIEWS; None: a record counted, not read)."""
+    effective = count_record(state, seq)
+    if ev is None:
+        return
+    worker = _WORKER.get(type(ev))
+    if worker is not None:
+        worker(state, ev, recorded_at)
+        return
+    handler = _HANDLERS.get(type(ev))
+    if handler is not None:
+        handler(state, ev, effective)
+
+
+def _on_started(state: AuditState, ev: GenerationStarted | StartedView, at: int) -> None:
+    attempt = _attempt(state, ev.group_id, ev.generation_index, ev.rollout_id)
+    attempt.started_ns = at
+    attempt.weight_version = ev.weight_version
+    state.group_stats(ev.group_id).started += 1
+
+
+def _on_staged(state: AuditState, ev: TokensStaged | StagedView, at: int) -> None:
     attempt = state.attempts.get(ev.rollout_id)
     group_id = attempt.group_id if attempt else group_of_rollout(ev.rollout_id)
-    stats = state.stats(state.key_of(group_id))
-    if isinstance(ev, TokensStaged):
-        stats.rows_staged += 1
-        stats.tokens_staged += ev.token_count
-        if attempt is not None:
-            attempt.rows += 1
-            attempt.tokens += ev.token_count
-            attempt.tokens_by_step[state.step_of(state.seq)] += ev.token_count
-        else:  # its group already left the ledger: nothing can own this row any more
-            stats.rows_discarded += 1
-            stats.tokens_discarded += ev.token_count
-            state.step().tokens_thrown_away += ev.token_count
-    elif attempt is not None and attempt.started_ns is not None:
+    stats = state.group_stats(group_id)
+    tokens = ev.token_count
+    stats.rows_staged += 1
+    stats.tokens_staged += tokens
+    if attempt is not None:
+        attempt.rows += 1
+        attempt.tokens += tokens
+        step = state.step_of(state.seq)
+        by_step = attempt.tokens_by_step
+        by_step[step] = by_step.get(step, 0) + tokens
+    else:  # its group already left the ledger: nothing can own this row any more
+        stats.rows_discarded += 1
+        stats.tokens_discarded += tokens
+        state.step().tokens_thrown_away += tokens
+
+
+def _on_finished(state: AuditState, ev: GenerationFinished | FinishedView, at: int) -> None:
+    attempt = state.attempts.get(ev.rollout_id)
+    group_id = attempt.group_id if attempt else group_of_rollout(ev.rollout_id)
+    stats = state.group_stats(group_id)  # the key gets its row even without a latency
+    if attempt is not None and attempt.started_ns is not None:
         stats.latencies_ns.append(at - attempt.started_ns)
+
+
+_WORKER: dict[type, Callable[[AuditState, Any, int], None]] = {
+    StagedView: _on_staged,
+    TokensStaged: _on_staged,
+    StartedView: _on_started,
+    GenerationStarted: _on_started,
+    FinishedView: _on_finished,
+    GenerationFinished: _on_finished,
+}
+"""Worker records: what they add depends on when they were recorded, not on the history."""
 
 
 # -- the report -------------------------------------------------------------------------------

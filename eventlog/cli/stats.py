@@ -4,6 +4,7 @@ sections a domain adds (rollout recovery adds what recovery cost per agent and t
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -13,24 +14,40 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from eventlog.cli.output import json_line, seq_progress, stdout_console
+from eventlog.cli.output import json_line, stdout_console
 from eventlog.cli.targets import open_log
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
-from eventlog.records import Record
 
 
-def stream_prefix(stream: str) -> str:
-    """The kind of a stream: `group/g1` -> `group`; a stream without `/` is its own kind."""
-    return stream.split("/", 1)[0]
+def _counted(counts: list[tuple[str, str, int, int]]) -> tuple[Counter[str], Counter[str]]:
+    """Records per type and per stream prefix from the database's counts, each in the order
+    a pass in seq order would first meet them (ties keep that order, as `most_common` does)."""
+    by_type: Counter[str] = Counter()
+    by_prefix: Counter[str] = Counter()
+    first_type: dict[str, int] = {}
+    first_prefix: dict[str, int] = {}
+    for type_name, prefix, _, first in counts:
+        first_type[type_name] = min(first, first_type.get(type_name, first))
+        first_prefix[prefix] = min(first, first_prefix.get(prefix, first))
+    for type_name in sorted(first_type, key=first_type.__getitem__):
+        by_type[type_name] = 0
+    for prefix in sorted(first_prefix, key=first_prefix.__getitem__):
+        by_prefix[prefix] = 0
+    for type_name, prefix, n, _ in counts:
+        by_type[type_name] += n
+        by_prefix[prefix] += n
+    return by_type, by_prefix
 
 
 class StatsSection(Protocol):
-    """A domain's section of `stats`: fed every record in the same pass, reported after."""
+    """A domain's section of `stats`: reads what it needs of the log, reported after."""
 
     key: str  # its key in --json output
 
-    def add(self, record: Record) -> None: ...
+    def read(self, log: EventLog, head: int) -> None:
+        """Read the records up to `head` it needs (one pass, bounded memory)."""
+        ...
 
     def report(self) -> object | None:
         """What to show (a msgspec Struct or builtins), or None when the log has nothing."""
@@ -59,7 +76,7 @@ def make_stats(sections: Sequence[SectionFactory]) -> StatsCommand:
 @click.argument("target")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def stats(target: str, as_json: bool) -> None:
-    """Count TARGET's records per event type and per stream prefix (one pass, bounded memory).
+    """Count TARGET's records per event type and per stream prefix (bounded memory).
 
     \b
     When the log holds rollout-recovery events (GroupReserved), also per agent and task:
@@ -74,22 +91,18 @@ def stats(target: str, as_json: bool) -> None:
     """
     command = click.get_current_context().command
     factories = command.sections if isinstance(command, StatsCommand) else ()
-    by_type: Counter[str] = Counter()
-    by_prefix: Counter[str] = Counter()
-    first_ns = last_ns = None
     with open_log(target) as log:
         head = log.head()
+        by_type, by_prefix = _counted(log.counts(head))
+        first_ns: int | None = None
+        last_ns: int | None = None
+        for _, _, _, _, _, _, at, _, _ in itertools.islice(log.read_rows(1, head), 1):
+            first_ns = at
+        for _, _, _, _, _, _, at, _, _ in log.read_rows(head, head):
+            last_ns = at
         sections = [factory(log) for factory in factories]
-        with seq_progress("stats", 1, head) as advance:
-            for record in log.read_records():
-                advance(record.seq)
-                by_type[record.type] += 1
-                by_prefix[stream_prefix(record.stream)] += 1
-                if first_ns is None:
-                    first_ns = record.recorded_at
-                last_ns = record.recorded_at
-                for section in sections:
-                    section.add(record)
+        for section in sections:
+            section.read(log, head)
     total = sum(by_type.values())
     found = [(section, section.report()) for section in sections]
     if as_json:

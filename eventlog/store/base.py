@@ -133,6 +133,10 @@ class Dialect(Protocol):
     placeholder: str
     """The driver's positional parameter marker (`?` or `%s`)."""
 
+    stream_kind: str
+    """SQL expression of a record's stream kind: `stream` up to its first `/` (all of it
+    when it has none)."""
+
     def writer_connection(self, dbapi: Any) -> None:
         """Set up the DB-API connection the writer keeps (transactions are its own)."""
 
@@ -561,6 +565,25 @@ class SqlStore:
             if len(page) < page_size:
                 return
             next_seq = page[-1][0] + 1
+
+    def counts(self, until_seq: int) -> list[tuple[str, str, int, int]]:
+        """(type, stream kind, records, smallest seq) of every record up to `until_seq`, in
+        one aggregate query: counting needs no record in Python."""
+        _check_seq("until_seq", until_seq)
+        sql = self._sql(
+            f"SELECT type, {self.dialect.stream_kind}, count(*), min(seq) FROM events "
+            "WHERE seq <= {m} GROUP BY 1, 2"
+        )
+        with self._reading() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute(sql, [until_seq])
+                found = cursor.fetchall()
+            finally:
+                cursor.close()
+        return [(str(t), str(k), int(n), int(first)) for t, k, n, first in found]
 
     def last_seq(self, types: Sequence[str] | None = None, stream_prefix: str | None = None) -> int:
         """The newest seq among the records that match (0 when none does).

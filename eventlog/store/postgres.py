@@ -52,6 +52,7 @@ class PostgresDialect:
     name = "postgresql"
     insert_sql = _INSERT
     placeholder = "%s"
+    stream_kind = "split_part(stream, '/', 1)"
 
     def __init__(
         self,

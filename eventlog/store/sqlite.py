@@ -49,6 +49,7 @@ class SqliteDialect:
     name = "sqlite"
     insert_sql = _INSERT
     placeholder = "?"
+    stream_kind = "substr(stream, 1, instr(stream || '/', '/') - 1)"
 
     def __init__(
         self,

@@ -21,7 +21,8 @@ def answers(target: str) -> dict[str, Any]:
         return [json.loads(line) for line in lines] if args[0] == "replay" else json.loads(lines[0])
 
     replayed = run("replay", target, "--group", "g1")
-    stats = run("stats", target)["recovery"]
+    counted = run("stats", target)
+    stats = counted["recovery"]
     for row in [*stats["by_agent_task"], stats["total"]]:
         del row["generation_latency"]  # from recorded_at: the copy was written later
     diff = run("diff", target, "checkpoint:1", "head")
@@ -30,6 +31,11 @@ def answers(target: str) -> dict[str, Any]:
         "replay": [(o["seq"], o.get("rolled_back_by")) for o in replayed],
         "group": run("inspect", "group", target, "g1")["group"],
         "stats": stats,
+        "counts": [  # counted by the database: the same figures in the same order
+            list(counted["types"].items()),
+            list(counted["stream_prefixes"].items()),
+            counted["records"],
+        ],
         "state": run("state", target, "--checkpoint", "1")["digest"],
         "diff": diff,
     }

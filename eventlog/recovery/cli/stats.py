@@ -6,19 +6,17 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from eventlog.cli.output import seq_progress
 from eventlog.cli.stats import make_stats
 from eventlog.log import EventLog
-from eventlog.records import Record
-from eventlog.recovery.cli.runlog import RunLog, decoded
+from eventlog.recovery.cli.runlog import RunLog, stats_event
 from projections.audit import RECOVERY_TYPES
 from projections.audit_stats import (
-    STATS_TYPES,
     AuditReport,
     AuditState,
     KeyReport,
     StepReport,
-    count_record,
-    fold_audit,
+    fold_event,
     report,
 )
 
@@ -36,13 +34,15 @@ class RecoverySection:
         self._state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
         self._types: set[str] = set()
 
-    def add(self, record: Record) -> None:
-        self._types.add(record.type)
-        found = decoded(record) if record.type in STATS_TYPES else None
-        if found is not None:
-            fold_audit(self._state, found)
-        else:
-            count_record(self._state, record.seq)
+    def read(self, log: EventLog, head: int) -> None:
+        """One pass in seq order; only the types the fold reads are decoded (the most
+        frequent ones as views of the fields it reads)."""
+        state, seen = self._state, self._types
+        with seq_progress("stats", 1, head) as advance:
+            for seq, _, _, _, type_name, schema, at, payload, _ in log.read_rows(1, head):
+                advance(seq)
+                seen.add(type_name)
+                fold_event(state, seq, at, stats_event(type_name, schema, payload, seq))
 
     def report(self) -> AuditReport | None:
         return report(self._state) if RECOVERY_TYPES & self._types else None
