@@ -103,7 +103,7 @@ def child(what: str, log_path: str) -> dict[str, Any]:
     _timed(eventlog.recovery.restore, "fold_from_snapshot", phases, "fold_s")
     _timed(eventlog.recovery.ledger, "fold_until", phases, "fold_s")
     _timed(eventlog.recovery.restore, "staged_by", phases, "tokens_staged_scan_s")
-    _timed(eventlog.recovery.restore, "attempts_used", phases, "group_streams_s")
+    _timed(eventlog.recovery.restore, "attempt_histories", phases, "group_streams_s")
     _timed(eventlog.recovery.restore, "_rehydrate", phases, "rehydrate_s")
     _timed(InMemoryDataPlane, "load_checkpoint", phases, "data_plane_load_s")
 

@@ -263,6 +263,7 @@ def _with_current(sibling: SiblingState, attempt: AttemptState) -> SiblingState:
 
 
 _ENDED: tuple[AttemptStatus, ...] = ("failed", "abandoned")
+_DISPATCHED: tuple[AttemptStatus, ...] = ("dispatched",)
 
 
 def _named(group: GroupState, index: int, rollout_id: str, *allowed: AttemptStatus) -> AttemptState:
@@ -273,7 +274,9 @@ def _named(group: GroupState, index: int, rollout_id: str, *allowed: AttemptStat
     had, or another status, raises RuleViolation.
     """
     sibling = group.sibling(index)
-    current = sibling.current
+    current = sibling.attempts[-1]
+    if rollout_id == current.rollout_id and current.status in allowed:
+        return current  # the common case, checked first: the rest only names what is wrong
     if rollout_id != current.rollout_id:
         for old in sibling.attempts[:-1]:
             if old.rollout_id == rollout_id:
@@ -336,13 +339,24 @@ def live_attempt(group: GroupState, index: int, rollout_id: str) -> AttemptState
 
 def _current(group: GroupState, ref: AttemptRef, *allowed: AttemptStatus) -> AttemptState:
     """The sibling's current attempt, checked to be exactly `ref` and in an allowed status."""
-    current = _named(group, ref.generation_index, ref.rollout_id, *allowed)
-    if ref.attempt != current.attempt:
+    return _current_at(group, ref.generation_index, ref.attempt, ref.rollout_id, allowed)
+
+
+def _current_at(
+    group: GroupState,
+    index: int,
+    attempt: int,
+    rollout_id: str,
+    allowed: tuple[AttemptStatus, ...],
+) -> AttemptState:
+    """`_current` for callers that hold the fields, not an AttemptRef (a seal's event)."""
+    current = _named(group, index, rollout_id, *allowed)
+    if attempt != current.attempt:
         raise RuleViolation(
-            f"names attempt {ref.attempt} ({ref.rollout_id!r}) but the current attempt is "
+            f"names attempt {attempt} ({rollout_id!r}) but the current attempt is "
             f"{current.attempt} ({current.rollout_id!r})",
             group_id=group.group_id,
-            generation_index=ref.generation_index,
+            generation_index=index,
         )
     return current
 
@@ -483,80 +497,88 @@ def _on_failed(state: LedgerState, ev: AttemptFailed) -> None:
     )
 
 
-def _sealed(group: GroupState, result: SealResult) -> SiblingState:
-    ref = AttemptRef(
-        generation_index=result.generation_index,
-        attempt=result.attempt,
-        rollout_id=result.rollout_id,
-    )
-    current = _current(group, ref, "dispatched")
-    where: _Where = {
-        "group_id": group.group_id,
-        "generation_index": result.generation_index,
-        "attempt": result.attempt,
-    }
-    if result.receipt is not None:
-        if result.receipt.rollout_id != result.rollout_id:
+def _sealed(group: GroupState, result: SealResult | SiblingSealed) -> SiblingState:
+    """The sibling with `result` sealed into its current attempt, if every seal rule holds.
+
+    `result` is a GroupSealed's SealResult or the SiblingSealed event itself (same fields:
+    building a SealResult per seal only to read it back cost a struct per record).
+    """
+    index = result.generation_index
+    current = _current_at(group, index, result.attempt, result.rollout_id, _DISPATCHED)
+    receipt = result.receipt
+    if receipt is not None:
+        if receipt.rollout_id != result.rollout_id:
             raise RuleViolation(
-                f"receipt names rollout {result.receipt.rollout_id!r}, expected "
-                f"{result.rollout_id!r}",
-                **where,
+                f"receipt names rollout {receipt.rollout_id!r}, expected {result.rollout_id!r}",
+                **_where_of(group, result),
             )
-        keys = result.receipt.staging_keys
+        keys = receipt.staging_keys
         wanted = set(keys)
         if len(wanted) != len(keys):
-            raise RuleViolation(f"receipt lists a staging key twice: {keys}", **where)
-        # One set for the receipt, and only sealed siblings' receipts compared (a seal per
+            raise RuleViolation(
+                f"receipt lists a staging key twice: {keys}", **_where_of(group, result)
+            )
+        # One set for the receipt, compared with sealed siblings' receipts only (a seal per
         # sibling made this check quadratic in set building: the fold's costliest line).
         for other in group.siblings:
             theirs = other.attempts[-1]
             if (
-                theirs.status != "sealed"
-                or theirs.receipt is None
-                or other.generation_index == result.generation_index
-                or wanted.isdisjoint(theirs.receipt.staging_keys)
+                theirs.status == "sealed"
+                and theirs.receipt is not None
+                and other.generation_index != index
+                and not wanted.isdisjoint(theirs.receipt.staging_keys)
             ):
-                continue
-            owned = wanted.intersection(theirs.receipt.staging_keys)
-            raise RuleViolation(
-                f"receipt names staging keys {sorted(owned)} that sibling "
-                f"{other.generation_index} ({theirs.rollout_id!r}) owns",
-                **where,
-            )
-    if isinstance(result.reward, bool) or not math.isfinite(result.reward):
-        raise RuleViolation(f"reward must be a finite number, found {result.reward!r}", **where)
+                owned = wanted.intersection(theirs.receipt.staging_keys)
+                raise RuleViolation(
+                    f"receipt names staging keys {sorted(owned)} that sibling "
+                    f"{other.generation_index} ({theirs.rollout_id!r}) owns",
+                    **_where_of(group, result),
+                )
+    reward = result.reward
+    if isinstance(reward, bool) or not math.isfinite(reward):
+        raise RuleViolation(
+            f"reward must be a finite number, found {reward!r}", **_where_of(group, result)
+        )
     if not isinstance(result.mask_sample, bool):
-        raise RuleViolation(f"mask_sample must be a bool, found {result.mask_sample!r}", **where)
+        raise RuleViolation(
+            f"mask_sample must be a bool, found {result.mask_sample!r}",
+            **_where_of(group, result),
+        )
     sealed = AttemptState(
         attempt=current.attempt,
         rollout_id=current.rollout_id,
         status="sealed",
-        receipt=result.receipt,
-        reward=float(result.reward),
+        receipt=receipt,
+        reward=float(reward),
         mask_sample=result.mask_sample,
     )
-    return _with_current(group.siblings[result.generation_index], sealed)
+    attempts = group.siblings[index].attempts
+    return SiblingState(generation_index=index, attempts=(*attempts[:-1], sealed))
+
+
+def _where_of(group: GroupState, result: SealResult | SiblingSealed) -> _Where:
+    return {
+        "group_id": group.group_id,
+        "generation_index": result.generation_index,
+        "attempt": result.attempt,
+    }
 
 
 def _ready_if_complete(group: GroupState) -> GroupState:
-    if all(s.current.status == "sealed" for s in group.siblings):
-        return msgspec.structs.replace(group, status="ready_to_finalize")
-    return group
+    for s in group.siblings:
+        if s.attempts[-1].status != "sealed":
+            return group
+    return msgspec.structs.replace(group, status="ready_to_finalize")
 
 
 def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
     group = state.group(ev.group_id)
     require_granularity(group, Granularity.SIBLING, "seal one sibling")
     _require(group, status=("generating",), action="seal")
-    result = SealResult(
-        generation_index=ev.generation_index,
-        attempt=ev.attempt,
-        rollout_id=ev.rollout_id,
-        receipt=ev.receipt,
-        reward=ev.reward,
-        mask_sample=ev.mask_sample,
-    )
-    group = _replace_sibling(group, _sealed(group, result))
+    siblings = list(group.siblings)
+    sealed = _sealed(group, ev)
+    siblings[sealed.generation_index] = sealed
+    group = msgspec.structs.replace(group, siblings=tuple(siblings))
     state.groups[group.group_id] = _ready_if_complete(group)
 
 
@@ -831,3 +853,12 @@ _HANDLERS: dict[type[Event], Callable[[LedgerState, Event], None]] = {
     ReplayConsumed: _on_replay_consumed,  # type: ignore[dict-item]
     ReplayEvicted: _on_replay_evicted,  # type: ignore[dict-item]
 }
+
+
+def _type_name(cls: type[Event]) -> str:
+    return str(cls.__struct_config__.tag)
+
+
+FOLDED_TYPES: tuple[str, ...] = tuple(sorted(_type_name(cls) for cls in _HANDLERS))
+"""The record types `fold` handles; every other type leaves the state as it is, so a rebuild
+reads only these (`log.read(types=FOLDED_TYPES)`) and never decodes the rest."""

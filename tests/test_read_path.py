@@ -41,6 +41,21 @@ def test_reads_run_on_the_driver_cursor_without_sqlalchemy_statements(log: Event
         assert [r.version for r in log.read_stream("s0")] == list(range(10))
         assert len(list(log.read_stream_backwards("s0", page_size=3))) == 10
         assert log.last_seq(types=["LogNote"], stream_prefix="s1") == 29
+        assert log.stream_version("s0") == 9
+        assert log.stream_versions(["s1", "nope"]) == {"s1": 9, "nope": None}
+        assert log.versions_between(1, 30) == {"s0": 9, "s1": 9, "s2": 9}
     finally:
         sa.event.remove(sa.Engine, "before_cursor_execute", record)
     assert executed == []
+
+
+def test_stream_versions_of_many_streams_at_once_and_of_a_seq_range(log: EventLog) -> None:
+    """What a restore and a rebuild ask instead of one stream_version per stream, or instead
+    of reading every record for its version. Record i (seq i + 1) is stream s{i % 3},
+    version i // 3."""
+    many = [f"x{i}" for i in range(1200)] + ["s2", "s0"]  # more than one query's worth
+    assert log.stream_versions(many) == {**dict.fromkeys(many), "s2": 9, "s0": 9}
+    assert log.stream_versions([]) == {}
+    # seqs 4..8 are records 3..7: s0 versions 1, 2; s1 versions 1, 2; s2 version 1.
+    assert log.versions_between(4, 8) == {"s0": 2, "s1": 2, "s2": 1}
+    assert log.versions_between(31, 40) == {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +20,7 @@ import msgspec
 from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
 from eventlog.log import EventLog
-from eventlog.records import NO_STREAM, ExpectedVersion
+from eventlog.records import NO_STREAM, ExpectedVersion, RecordedEvent
 from eventlog.recovery.checkpoint import check_ledger_digest, fold_from_snapshot
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import (
@@ -312,14 +312,19 @@ def prepare_restore(
         logger.warning("%s; restoring from this code's fold of the log", exc)
         digest_compared = False
 
+    streams = [group_stream(g) for g in state.groups] + [CONTROLLER_STREAM, REPLAY_STREAM]
+    # Every version the restore appends at, and every group's attempt history, in a few
+    # queries (one read per group stream cost a pooled connection's round trip each).
+    now = log.stream_versions(streams)
+    minted = attempt_histories(log, [group_stream(g) for g in state.groups])
     group_events: list[Append] = []
     for group in state.groups.values():
-        # Read the whole stream, rolled-back records included: numbers they used stay used.
+        # The whole stream, rolled-back records included: numbers they used stay used.
         stream = group_stream(group.group_id)
-        used = attempts_used(r.event for r in log.read_stream(stream))
-        events = restart_events(group, used)
+        events = restart_events(group, attempts_used(minted.get(stream, ())))
         if events:
-            group_events.append((stream, _expected(log, stream), events))
+            version = now[stream]
+            group_events.append((stream, NO_STREAM if version is None else version, events))
     restored = state.copy()
     try:
         for _, _, events in group_events:
@@ -344,8 +349,7 @@ def prepare_restore(
         )
     orphans = _reconcile_canonical(restored, data_plane, training_partition, ckpt.step)
     prompts = {gid: _rehydrate(dataset, group) for gid, group in restored.groups.items()}
-    streams = [group_stream(g) for g in state.groups] + [CONTROLLER_STREAM, REPLAY_STREAM]
-    versions = {s: v for s in streams if (v := log.stream_version(s)) is not None}
+    versions = {s: v for s, v in now.items() if v is not None}
     start = RestoreStarted(
         checkpoint_step=ckpt.step, checkpoint_seq=ckpt_seq, rolled_back_from_seq=ckpt_seq + 1
     )
@@ -454,9 +458,26 @@ def finish_restore(
     return plan, skipped, appends
 
 
-def _expected(log: EventLog, stream: str) -> ExpectedVersion:
-    version = log.stream_version(stream)
-    return NO_STREAM if version is None else version
+_ATTEMPT_NUMBERS = ["RetryPrepared", "SiblingsDispatched"]
+"""The group-stream records that mint or use attempt numbers (what `attempts_used` reads)."""
+_STREAMS_PER_READ = 500
+
+
+def _read_streams(
+    log: EventLog, streams: Sequence[str], types: Sequence[str]
+) -> Iterator[RecordedEvent]:
+    """The records of `types` in `streams`, a few hundred streams per query."""
+    for start in range(0, len(streams), _STREAMS_PER_READ):
+        chunk = streams[start : start + _STREAMS_PER_READ]
+        yield from log.read(streams=chunk, types=types, page_size=5000)
+
+
+def attempt_histories(log: EventLog, streams: Sequence[str]) -> dict[str, list[Event]]:
+    """Per group stream, its records that mint or use attempt numbers, rolled-back included."""
+    found: dict[str, list[Event]] = {}
+    for rec in _read_streams(log, streams, _ATTEMPT_NUMBERS):
+        found.setdefault(rec.stream, []).append(rec.event)
+    return found
 
 
 def _staged(
@@ -475,21 +496,19 @@ def _staged(
     if None in rollout_ids:
         records = log.read(types=["TokensStaged"])
     else:
-        records = (
-            record
-            for rollout_id in sorted(r for r in rollout_ids if r is not None)
-            for record in log.read_stream(attempt_stream(rollout_id))
-        )
+        wanted = [attempt_stream(r) for r in sorted(r for r in rollout_ids if r is not None)]
+        records = _read_streams(log, wanted, ["TokensStaged"])
     staged = staged_by((r.event for r in records), partition)
     # A worker killed between its put and its TokensStaged left a row its tag still names:
     # it belongs to that attempt (its stream exists: GenerationStarted), not to "never staged".
-    started: dict[str, bool] = {}
-    for key, tags in present.items():
-        tagged = tags.get("rollout_id")
-        if key in owned or key in staged or not tagged:
-            continue
-        if tagged not in started:
-            started[tagged] = log.stream_version(attempt_stream(tagged)) is not None
-        if started[tagged]:
-            staged[key] = tagged
+    untold = {
+        key: tagged
+        for key, tags in present.items()
+        if (tagged := tags.get("rollout_id")) and key not in owned and key not in staged
+    }
+    if untold:
+        exists = log.stream_versions(attempt_stream(r) for r in set(untold.values()))
+        for key, tagged in untold.items():
+            if exists[attempt_stream(tagged)] is not None:
+                staged[key] = tagged
     return staged

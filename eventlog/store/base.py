@@ -48,6 +48,9 @@ _TAIL = sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).li
 # The writer's statements, as plain SQL both dialects accept (markers filled per driver).
 _TAIL_SQL = "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
 _VERSIONS_SQL = "SELECT stream, max(version) FROM events WHERE stream IN ({}) GROUP BY stream"
+_VERSIONS_BETWEEN_SQL = (
+    "SELECT stream, max(version) FROM events WHERE seq >= {m} AND seq <= {m} GROUP BY stream"
+)
 _BY_ID_SQL = (
     "SELECT event_id, stream, seq, version, type, schema, payload FROM events"
     " WHERE event_id IN ({})"
@@ -75,13 +78,6 @@ def _prefix_clause(prefix: str) -> str:
     """`stream` begins with `prefix`, compared exactly (LIKE is case-blind on SQLite); the
     length is part of the statement so that no driver has to guess a parameter's type."""
     return f"substr(stream, 1, {len(prefix)}) = {{m}}"
-
-
-_VERSIONS = (
-    sa.select(events.c.stream, sa.func.max(events.c.version))
-    .where(events.c.stream.in_(sa.bindparam("streams", expanding=True)))
-    .group_by(events.c.stream)
-)
 
 
 class PreparedEvent(NamedTuple):
@@ -426,15 +422,6 @@ class SqlStore:
             [e.chosen for e in request.events if e.chosen is not None],
         )
 
-    def _versions(self, conn: Connection, streams: Iterable[str]) -> dict[str, int | None]:
-        wanted = sorted(streams)
-        versions: dict[str, int | None] = dict.fromkeys(wanted)
-        for start in range(0, len(wanted), _ID_CHUNK):
-            chunk = wanted[start : start + _ID_CHUNK]
-            for stream, version in conn.execute(_VERSIONS, {"streams": chunk}):
-                versions[stream] = version
-        return versions
-
     # -- reading ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -507,8 +494,36 @@ class SqlStore:
         return row[0], bytes(row[1])
 
     def stream_version(self, stream: str) -> int | None:
+        return self.stream_versions([stream])[stream]
+
+    def stream_versions(self, streams: Iterable[str]) -> dict[str, int | None]:
+        """Each stream's newest version (None: no such stream), one query per 500 streams."""
+        wanted = sorted(set(streams))
+        versions: dict[str, int | None] = dict.fromkeys(wanted)
+        for chunk in _chunks(wanted):
+            for stream, version in self._rows(self._sql(_VERSIONS_SQL, len(chunk)), chunk):
+                versions[stream] = int(version)
+        return versions
+
+    def versions_between(self, from_seq: int, until_seq: int) -> dict[str, int]:
+        """The newest version of every stream with a record in from_seq..until_seq, as of
+        until_seq (one grouped scan of that range)."""
+        _check_seq("from_seq", from_seq)
+        _check_seq("until_seq", until_seq)
+        rows = self._rows(self._sql(_VERSIONS_BETWEEN_SQL), [from_seq, until_seq])
+        return {stream: int(version) for stream, version in rows}
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Every row of a prebuilt statement, on the driver's cursor."""
         with self._reading() as conn:
-            return self._versions(conn, [stream])[stream]
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            try:
+                cursor.execute(sql, params)
+                return list(cursor.fetchall())
+            finally:
+                cursor.close()
 
     def read(
         self,

@@ -1,0 +1,162 @@
+"""How a rebuild and a restore read the log: pinned as behaviour (speed is measured in bench/).
+
+A rebuild reads and decodes only the record types the siblings fold handles; a restore reads
+the in-flight groups' streams, the attempt streams its staging rows name and the versions it
+appends at in a few queries, however many groups it brings back.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from eventlog import codec
+from eventlog.log import EventLog
+from eventlog.recovery.checkpoint import fold_from_snapshot, fold_until
+from eventlog.recovery.vocabulary import CONTROLLER_STREAM, RestoreCompleted
+from projections.history import RolledBack, controller_history
+from projections.siblings import FOLDED_TYPES, LedgerState, fold, state_digest
+from tests.fixtures.ledger import Harness, sqlite_harness_fixture  # noqa: F401
+
+READS = ("read", "read_stream", "read_stream_backwards", "stream_version", "stream_versions")
+
+
+@pytest.fixture(name="harness")
+def _sqlite(sqlite_harness: Harness) -> Harness:
+    return sqlite_harness
+
+
+def _run(h: Harness, groups: int) -> None:
+    """`groups` groups of 3: sibling 0 sealed (rows staged), 1 dispatched with a row staged
+    but not sealed, 2 reserved; a checkpoint; then more work that the restore rolls back."""
+    for g in range(groups):
+        gid = f"g{g}"
+        h.reserve(gid, n=3)
+        h.dispatch(gid, [0, 1])
+        h.start_generation(gid, 0)
+        h.seal(gid, 0)
+        h.start_generation(gid, 1)
+        h.stage(h.rollout_id(gid, 1), calls=1)
+    h.checkpoint(1)
+    for g in range(groups):
+        h.seal(f"g{g}", 1)
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    calls: collections.Counter[str] = collections.Counter()
+    for name in READS:
+        method: Callable[..., Any] = getattr(EventLog, name)
+
+        @functools.wraps(method)
+        def counted(*args: Any, _name: str = name, _method: Any = method, **kw: Any) -> Any:
+            calls[_name] += 1
+            return _method(*args, **kw)
+
+        monkeypatch.setattr(EventLog, name, counted)
+    return calls
+
+
+def _restore_reads(tmp_path: Any, groups: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from tests.fixtures.ledger import open_harness
+
+    h = open_harness(tmp_path / f"run-{groups}.db")
+    try:
+        _run(h, groups)
+        h.fresh_process()
+        with monkeypatch.context() as patch:
+            calls = _count_reads(patch)
+            plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+        done = [r.event for r in h.log.read(streams=[CONTROLLER_STREAM])][-1]
+        assert isinstance(done, RestoreCompleted)
+        return calls, plan
+    finally:
+        h.log.close()
+
+
+def test_a_restore_reads_the_log_in_as_many_calls_for_3_groups_as_for_12(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No read per group or per attempt stream: the group streams, the attempt streams that
+    unreferenced rows name and the versions the restore appends at go in batched calls."""
+    few, few_plan = _restore_reads(tmp_path, 3, monkeypatch)
+    many, many_plan = _restore_reads(tmp_path, 12, monkeypatch)
+    # The runs restored what they should: each group's sealed sibling kept, the other two
+    # rerun, the staged-but-unsealed row cleared under its attempt (read from its stream).
+    assert (few_plan.counts["groups_restored"], many_plan.counts["groups_restored"]) == (3, 12)
+    assert many_plan.counts["siblings_reused"] == 12
+    assert many_plan.counts["siblings_redispatched"] == 24
+    assert len(many_plan.staging.clear_of_attempts) == 12
+    assert many_plan.staging.clear_never_staged == []
+    assert few == many, (few, many)
+    assert many["read_stream"] <= 2 and many["stream_version"] <= 2, many
+
+
+def _log_with_a_run(h: Harness) -> None:
+    _run(h, 4)
+    h.reserve("late", n=2)
+    h.dispatch("late")
+
+
+def test_a_rebuild_decodes_only_the_types_the_fold_handles(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    _log_with_a_run(h)
+    every = list(h.log.read())
+    folded_here = [r for r in every if r.type in FOLDED_TYPES]
+    assert len(folded_here) < len(every)  # the attempt streams' records are not the fold's
+    decoded: list[str] = []
+    real = codec.decode
+
+    def counting(type_name: str, *args: Any, **kw: Any) -> Any:
+        decoded.append(type_name)
+        return real(type_name, *args, **kw)
+
+    monkeypatch.setattr(codec, "decode", counting)
+    head = h.log.head()
+    folded = fold_from_snapshot(h.log, head, RolledBack())
+    assert folded.snapshot_seq < head  # folded, not only loaded
+    assert sorted(decoded) == sorted(r.type for r in folded_here if r.seq > folded.snapshot_seq), (
+        "the rebuild decoded a type the fold does not handle"
+    )
+    assert folded.records_folded == head - folded.snapshot_seq
+
+
+def _every_record(log: EventLog, until: int) -> tuple[LedgerState, dict[str, int]]:
+    """The reference rebuild: decode and fold every record from seq 1, versions as read."""
+    state, versions = LedgerState(), {}
+    _, skipped = controller_history(log, until)
+    for rec in log.read(until_seq=until):
+        versions[rec.stream] = rec.version
+        if rec.seq not in skipped:
+            fold(state, rec.event)
+    return state, versions
+
+
+@pytest.mark.parametrize("where", ["head", "before the checkpoint", "after a restore"])
+def test_the_rebuild_reaches_the_state_and_versions_of_folding_every_record(
+    harness: Harness, where: str
+) -> None:
+    h = harness
+    _log_with_a_run(h)
+    if where == "after a restore":
+        h.fresh_process()
+        h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+        h.dispatch("g0", [1])
+    until = h.log.head()
+    if where == "before the checkpoint":
+        until = next(r.seq for r in h.log.read(types=["CheckpointCommitted"])) - 1
+    _, skipped = controller_history(h.log, until)
+    state, versions = fold_until(h.log, until, skipped)
+    expected_state, expected_versions = _every_record(h.log, until)
+    assert state_digest(state) == state_digest(expected_state)
+    # Versions as of `until`: right for every stream listed, and every stream the records
+    # after the snapshot touched is listed (the ledger appends at these versions).
+    assert {s: expected_versions.get(s) for s in versions} == versions
+    start = fold_from_snapshot(h.log, until, skipped).snapshot_seq
+    touched = {r.stream for r in h.log.read(from_seq=start + 1, until_seq=until)}
+    assert touched <= versions.keys()
