@@ -22,7 +22,7 @@ from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
-from eventlog.recovery.cli.runlog import RunLog, decoded
+from eventlog.recovery.cli.runlog import RunLog, stats_event
 from eventlog.recovery.vocabulary import (
     AttemptFailed,
     GenerationFailed,
@@ -33,16 +33,16 @@ from eventlog.recovery.vocabulary import (
     GroupFinalized,
     GroupReserved,
     GroupSealed,
-    ReplayConsumed,
     SiblingSealed,
     UnsealedAbandoned,
 )
 from projections.audit_stats import (
-    STATS_TYPES,
     AuditReport,
     AuditState,
-    count_record,
-    fold_audit,
+    FinishedView,
+    SealedView,
+    StartedView,
+    fold_event,
     report,
 )
 
@@ -59,9 +59,6 @@ COLORS = {
     "abandoned": "#e67700",
     "rolled back": "#868e96",
     "in flight": "#1c7ed6",
-}
-GANTT_TYPES = STATS_TYPES | {
-    t.__name__ for t in (GenerationFailed, ReplayConsumed, GroupReserved, GroupFinalized)
 }
 
 
@@ -98,31 +95,24 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
     head = log.head()
     if head == 0:
         raise CliUsageError("the log is empty: nothing to plot")
-    ends = [r.recorded_at for r in log.read_records(1, 1)] + [
-        r.recorded_at for r in log.read_records(head, head)
-    ]
+    ends = [row[6] for row in log.read_rows(1, 1)] + [row[6] for row in log.read_rows(head, head)]
     pic.first_ns, pic.last_ns = ends[0], ends[-1]
-    span = max(pic.last_ns - pic.first_ns, 1)
-    checkpoint_seqs = {seq: ev.step for seq, ev in run.checkpoints}
-    restore_seqs = {r.seq for r, _ in run.restores}
+    first, span = pic.first_ns, max(pic.last_ns - pic.first_ns, 1)
+    at_seq = {r.seq: r.recorded_at for r in run.controller}
+    pic.checkpoints = [(at_seq[seq], ev.step) for seq, ev in run.checkpoints]
+    pic.restores = [r.recorded_at for r, _ in run.restores]
     state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
+    rate = pic.rate
+    last_bin = RATE_BINS - 1
     with seq_progress("report", 1, head) as advance:
-        for record in log.read_records():
-            advance(record.seq)
-            pic.records += 1
-            at = min((record.recorded_at - pic.first_ns) * RATE_BINS // span, RATE_BINS - 1)
-            pic.rate[max(at, 0)] += 1
-            if record.seq in checkpoint_seqs:
-                pic.checkpoints.append((record.recorded_at, checkpoint_seqs[record.seq]))
-            if record.seq in restore_seqs:
-                pic.restores.append(record.recorded_at)
-            rec = decoded(record) if record.type in GANTT_TYPES else None
-            if rec is not None and record.type in STATS_TYPES:
-                fold_audit(state, rec)
-            else:
-                count_record(state, record.seq)
-            if rec is not None:
-                _gantt(pic, rec.event, record.recorded_at, record.seq not in run.skipped)
+        for seq, _, _, _, type_name, schema, at, payload, _ in log.read_rows(1, head):
+            advance(seq)
+            rate[max(min((at - first) * RATE_BINS // span, last_bin), 0)] += 1
+            ev = stats_event(type_name, schema, payload, seq)
+            fold_event(state, seq, at, ev)
+            if ev is not None:
+                _gantt(pic, ev, at, not state.rolled_back(seq))
+    pic.records = state.records
     pic.stats = report(state)
     return pic
 
@@ -142,14 +132,14 @@ def _gantt(pic: RunPicture, ev: object, at: int, effective: bool) -> None:
     if isinstance(ev, GroupReserved):
         if ev.group_id not in pic.groups and len(pic.groups) < GANTT_GROUPS:
             pic.groups[ev.group_id] = (at, None)
-    elif isinstance(ev, GenerationStarted):
+    elif isinstance(ev, StartedView | GenerationStarted):
         if ev.group_id in pic.groups:
             pic.bars[ev.rollout_id] = _Bar(group=ev.group_id, start=at)
-    elif isinstance(ev, GenerationFinished | GenerationFailed):
+    elif isinstance(ev, FinishedView | GenerationFinished | GenerationFailed):
         bar = pic.bars.get(ev.rollout_id)
         if bar is not None:
             bar.end = at
-    elif isinstance(ev, SiblingSealed):
+    elif isinstance(ev, SealedView | SiblingSealed):
         decide(ev.rollout_id, "counts")
     elif isinstance(ev, GroupSealed):
         for result in ev.results:
@@ -198,19 +188,21 @@ def _mark_time_axis(ax: Axes, pic: RunPicture) -> None:
 
 
 def plot_gantt(pic: RunPicture) -> Figure:
+    from matplotlib.collections import LineCollection, PolyCollection
+
     rows = list(pic.groups)
     fig = _figure(max(2.5, 0.28 * len(rows) + 1.2))
     ax = fig.add_subplot()
     index = {g: i for i, g in enumerate(rows)}
-    for gid, (start, end) in pic.groups.items():
-        stop = end if end is not None else pic.last_ns
-        ax.plot(
-            [_seconds(pic, start), _seconds(pic, stop)],
-            [index[gid]] * 2,
-            color="#ced4da",
-            linewidth=1,
-            zorder=1,
-        )
+    lifetimes = [
+        [(_seconds(pic, start), index[gid]), (_seconds(pic, end or pic.last_ns), index[gid])]
+        for gid, (start, end) in pic.groups.items()
+    ]
+    ax.add_collection(LineCollection(lifetimes, colors="#ced4da", linewidths=1, zorder=1))
+    # One collection of every bar, drawn in the order they started (a collection per bar
+    # cost seconds to draw).
+    boxes: list[list[tuple[float, float]]] = []
+    colors: list[str] = []
     per_row: dict[str, int] = {}
     for bar in pic.bars.values():
         verdict = bar.verdict or ("rolled back" if bar.rolled_back_verdict else "in flight")
@@ -218,12 +210,12 @@ def plot_gantt(pic: RunPicture) -> Figure:
         per_row[bar.group] = lane + 1
         y = index[bar.group] - 0.35 + 0.7 * ((lane % 4) / 4)
         end = bar.end or (bar.decided_at if verdict != "in flight" else None) or pic.last_ns
-        ax.broken_barh(
-            [(_seconds(pic, bar.start), max(_seconds(pic, end) - _seconds(pic, bar.start), 0.01))],
-            (y, 0.16),
-            facecolors=COLORS[verdict],
-            zorder=2,
-        )
+        x = _seconds(pic, bar.start)
+        right = x + max(_seconds(pic, end) - x, 0.01)
+        boxes.append([(x, y), (right, y), (right, y + 0.16), (x, y + 0.16)])
+        colors.append(COLORS[verdict])
+    ax.add_collection(PolyCollection(boxes, facecolors=colors, zorder=2))
+    ax.autoscale_view()
     for verdict, color in COLORS.items():
         ax.plot([], [], color=color, linewidth=6, label=verdict)
     _mark_time_axis(ax, pic)
