@@ -111,7 +111,7 @@ class StaleAttempt(RuleViolation):
         self.current_rollout_id = current_rollout_id
 
 
-class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
+class AttemptState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One physical run of a sibling; only a sealed attempt carries a result."""
 
     attempt: int
@@ -129,7 +129,7 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
         return tuple(self.receipt.staging_keys)
 
 
-class SiblingState(msgspec.Struct, frozen=True, kw_only=True):
+class SiblingState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One generation slot; its attempts in order, the last one current."""
 
     generation_index: int
@@ -140,7 +140,7 @@ class SiblingState(msgspec.Struct, frozen=True, kw_only=True):
         return self.attempts[-1]
 
 
-class GroupState(msgspec.Struct, frozen=True, kw_only=True):
+class GroupState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One prompt group as the ledger owns it, from reservation until it is finalized."""
 
     group_id: str
@@ -181,7 +181,7 @@ class GroupState(msgspec.Struct, frozen=True, kw_only=True):
         return [key for s in self.siblings for key in s.current.staging_keys]
 
 
-class ReplayEntry(msgspec.Struct, frozen=True, kw_only=True):
+class ReplayEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A finalized group the replay buffer owns until it trains (consumed) or is evicted."""
 
     group_id: str

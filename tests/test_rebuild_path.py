@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -160,3 +161,65 @@ def test_the_rebuild_reaches_the_state_and_versions_of_folding_every_record(
     start = fold_from_snapshot(h.log, until, skipped).snapshot_seq
     touched = {r.stream for r in h.log.read(from_seq=start + 1, until_seq=until)}
     assert touched <= versions.keys()
+
+
+def test_a_restore_collects_no_garbage_while_it_prepares_and_leaves_the_collector_on(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Collections during a restore rescanned the whole heap for values that cannot form
+    cycles; the collector is paused while the restore prepares, and on again afterwards,
+    also when the restore fails."""
+    from eventlog.recovery import restore
+    from eventlog.recovery.errors import LedgerRuleError
+    from tests.fixtures.ledger import open_harness
+
+    h = open_harness(tmp_path / "run.db")
+    try:
+        _run(h, 3)
+        h.fresh_process()
+        seen: list[str] = []
+        inside: list[bool] = []
+
+        def watch(phase: str, info: dict[str, int]) -> None:
+            if phase == "start" and inside:
+                seen.append(f"generation {info['generation']}")
+
+        real = restore._prepare_restore
+
+        def watched(*args: Any, **kw: Any) -> Any:
+            inside.append(gc.isenabled())
+            try:
+                return real(*args, **kw)
+            finally:
+                inside.clear()
+
+        monkeypatch.setattr(restore, "_prepare_restore", watched)
+        threshold = gc.get_threshold()
+        gc.callbacks.append(watch)
+        gc.set_threshold(1)  # a collection at every allocation, were the collector on
+        try:
+            plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+            assert gc.isenabled()
+            with pytest.raises(LedgerRuleError, match="no checkpoint at step 7"):
+                h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=7))
+            assert gc.isenabled()
+        finally:
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(watch)
+        assert plan.counts["groups_restored"] == 3
+        assert seen == []
+    finally:
+        h.log.close()
+
+
+def test_the_ledger_state_values_are_not_tracked_by_the_collector(harness: Harness) -> None:
+    """Frozen values holding only strings, numbers and other such values cannot be part of
+    a cycle; untracked, a state of 10^5 siblings costs collections nothing."""
+    h = harness
+    _log_with_a_run(h)
+    folded = fold_from_snapshot(h.log, h.log.head(), RolledBack())
+    assert folded.snapshot_seq > 0  # decoded from the snapshot, then folded
+    group = folded.state.groups["late"]
+    for value in (group, group.siblings[0], group.siblings[0].current):
+        assert not gc.is_tracked(value), type(value).__name__
+    assert not gc.is_tracked(folded.state.groups["g0"].siblings[0].current)
