@@ -208,9 +208,18 @@ class _Pending:
     """What it changes (state keys and streams): async commands sharing a key take turns."""
 
 
-Steps = Generator[_Pending, list[AppendResult], R]
+@dataclass
+class _Blocking:
+    """A blocking call a command makes between commits (a data-plane deletion): the blocking
+    form runs it in place, the asyncio form in a thread, so the loop keeps serving others."""
+
+    call: Callable[[], object]
+
+
+Steps = Generator[_Pending | _Blocking, list[AppendResult], R]
 """A command's body: yields each commit it needs, receives the results once they are
-durable, returns the command's result. `_sync` runs it blocking, `_async` awaiting."""
+durable, returns the command's result. `_sync` runs it blocking, `_async` awaiting. It may
+also yield a `_Blocking` call (it receives an empty list back)."""
 
 
 def _sync(
@@ -280,7 +289,11 @@ class RecoveryLedger:
         """Keys (groups, admissions, replay entries, streams) of async commits not yet landed."""
         """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
         self.replay = ReplayOwnership(
-            self._require_state, self._commit, data_plane, lambda: self.training_partition
+            self._require_state,
+            self._commit,
+            data_plane,
+            lambda: self.training_partition,
+            commit_async=self._commit_async,
         )
         """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
@@ -472,6 +485,14 @@ class RecoveryLedger:
         try:
             pending = next(steps)
             while True:
+                if isinstance(pending, _Blocking):
+                    try:
+                        pending.call()
+                    except Exception as exc:
+                        pending = steps.throw(exc)
+                        continue
+                    pending = steps.send([])
+                    continue
                 busy = sorted(k for k in pending.keys if k in self._in_flight)
                 if busy:
                     steps.close()
@@ -495,20 +516,37 @@ class RecoveryLedger:
         serialized: one whose keys are in flight waits for them, then validates again against
         what they adopted. A caller cancelled while its commit is pending does not stop the
         commit: it is adopted when it lands, as if the caller had waited.
+
+        A waiting command first waits until the keys its last try named are all free: when a
+        commit lands, every command queued behind it wakes, and only the first to run may
+        validate again (the others find the keys taken again by then). Running every waiting
+        body again on each landing cost the loop waiters x landings folds (and log reads).
         """
+        keys: frozenset[str] = frozenset()
         while True:
+            while busy := self._busy(keys):
+                await asyncio.wait(busy)
             steps = start()
             try:
                 pending = next(steps)
             except StopIteration as done:
                 return cast(R, done.value)
-            busy = {self._in_flight[k] for k in pending.keys if k in self._in_flight}
-            if not busy:
+            if isinstance(pending, _Blocking):
+                break
+            if not self._busy(pending.keys):
                 break
             steps.close()
-            await asyncio.wait(busy)
+            keys = pending.keys
         try:
             while True:
+                if isinstance(pending, _Blocking):
+                    try:
+                        await asyncio.to_thread(pending.call)
+                    except Exception as exc:
+                        pending = steps.throw(exc)
+                        continue
+                    pending = steps.send([])
+                    continue
                 commit = asyncio.ensure_future(self._commit_later(pending))
                 for key in pending.keys:
                     self._in_flight[key] = commit
@@ -521,6 +559,10 @@ class RecoveryLedger:
                 pending = steps.send(results)
         except StopIteration as done:
             return cast(R, done.value)
+
+    def _busy(self, keys: frozenset[str]) -> set[asyncio.Future[list[AppendResult]]]:
+        """The commits in flight that hold any of `keys`."""
+        return {self._in_flight[k] for k in keys if k in self._in_flight}
 
     def _release(self, keys: frozenset[str], commit: asyncio.Future[list[AppendResult]]) -> None:
         """A commit finished (adopted, or refused): commands waiting on its keys go on."""
@@ -545,6 +587,25 @@ class RecoveryLedger:
     ) -> Steps[list[AppendResult]]:
         results = yield self._prepare(cut, appends, base=base)
         return results
+
+    async def _commit_async(
+        self, cut: Cut, appends: Callable[[], Sequence[Append]]
+    ) -> list[AppendResult]:
+        """`_commit` awaiting the group commit (the replay buffer's asyncio forms).
+
+        `appends` is asked again when the commit had to wait for commands in flight on its
+        keys, so it decides on what they adopted; nothing to append commits nothing.
+        """
+
+        def steps() -> Steps[list[AppendResult]]:
+            chosen = [a for a in appends() if a[2]]
+            if not chosen:
+                self._require_cut(cut)  # nothing to do is refused all the same on a bad cut
+                return []
+            results = yield self._prepare(cut, chosen)
+            return results
+
+        return await self._drive_async(steps)
 
     def _append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """One atomic append_batch, conditional on this ledger's fencing epoch.
@@ -1051,10 +1112,12 @@ class RecoveryLedger:
                 )
             )
         (yield self._group_commit(cut, group_id, events))
+        entry = self._require_state().replay[group_id]
         self._prompts.pop(group_id, None)
         if cleared:
-            self.data_plane.delete_rows(self.staging_partition, [c.key for c in cleared])
-        return self._require_state().replay[group_id]
+            keys = [c.key for c in cleared]
+            (yield _Blocking(lambda: self.data_plane.delete_rows(self.staging_partition, keys)))
+        return entry
 
     finalize = _sync(_finalize)
     finalize_async = _async(_finalize)
@@ -1115,7 +1178,7 @@ class RecoveryLedger:
         (yield self._group_commit(cut, group_id, [event]))
         self._prompts.pop(group_id, None)
         if keys:
-            self.data_plane.delete_rows(self.staging_partition, keys)
+            (yield _Blocking(lambda: self.data_plane.delete_rows(self.staging_partition, keys)))
         return keys
 
     discard = _sync(_discard)

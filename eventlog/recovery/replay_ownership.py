@@ -7,11 +7,15 @@ removed: a concurrent task may legitimately have taken them first.
 
 A removal also frees the group's canonical rows: RowsCleared goes into the same append as
 ReplayConsumed / ReplayEvicted, and the rows are deleted after it (log first, delete after).
+
+Each command has an asyncio form (`select_async`, ...): it awaits the log's group commit, so
+it shares commits with the ledger's commands on groups, and deletes the rows in a thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 
 from eventlog.dataplane.protocol import DataPlane
 from eventlog.events import Event
@@ -26,8 +30,11 @@ from eventlog.recovery.vocabulary import (
 )
 from projections.siblings import LedgerState, ReplayEntry, ReplayStatus
 
-Commit = Callable[[Cut, Sequence[tuple[str, None, Sequence[Event]]]], object]
+Append = tuple[str, None, Sequence[Event]]
+Commit = Callable[[Cut, Sequence[Append]], object]
 """The ledger's one commit path: validate by folding, append atomically, adopt."""
+CommitAsync = Callable[[Cut, Callable[[], Sequence[Append]]], Awaitable[object]]
+"""The same, awaiting the group commit; the appends are asked for again if it had to wait."""
 
 
 class ReplayOwnership:
@@ -39,9 +46,12 @@ class ReplayOwnership:
         commit: Commit,
         data_plane: DataPlane | None = None,
         partition: Callable[[], str] | None = None,
+        *,
+        commit_async: CommitAsync | None = None,
     ) -> None:
         self._state = state
         self._commit = commit
+        self._commit_async = commit_async
         self._data_plane = data_plane
         self._partition = partition
         """The canonical rows' partition (None, or no data plane: rows are not cleared)."""
@@ -78,6 +88,24 @@ class ReplayOwnership:
             assert self._data_plane is not None
             self._data_plane.delete_rows(rows.partition, rows.keys)
 
+    async def _append_async(self, cut: Cut, event: Callable[[], Event | None]) -> Event | None:
+        """`_append` awaiting the commit; `event` decides again after a wait (None: nothing)."""
+        if self._commit_async is None:
+            raise TypeError("this replay buffer was made without an asyncio commit path")
+        chosen: list[Event | None] = [None]
+        cleared: list[RowsCleared] = []
+
+        def appends() -> list[Append]:
+            chosen[0] = found = event()
+            cleared[:] = [] if found is None else self._cleared(found)
+            return [] if found is None else [(REPLAY_STREAM, None, [found, *cleared])]
+
+        await self._commit_async(cut, appends)
+        for rows in cleared:
+            assert self._data_plane is not None
+            await asyncio.to_thread(self._data_plane.delete_rows, rows.partition, rows.keys)
+        return chosen[0]
+
     def select(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> None:
         """Pick ready groups to train `step`; every id must be owned and ready."""
         self._append(cut, ReplaySelected(group_ids=list(group_ids), step=step))
@@ -105,3 +133,35 @@ class ReplayOwnership:
         if present:
             self._append(cut, ReplayEvicted(group_ids=present, reason=reason))
         return present
+
+    # -- the asyncio forms ------------------------------------------------------------------
+
+    async def select_async(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> None:
+        """`select`, awaiting the group commit."""
+        ids = list(group_ids)
+        await self._append_async(cut, lambda: ReplaySelected(group_ids=ids, step=step))
+
+    async def release_async(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> None:
+        """`release`, awaiting the group commit."""
+        ids = list(group_ids)
+        await self._append_async(cut, lambda: ReplayReleased(group_ids=ids, reason=reason))
+
+    async def consume_async(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> list[str]:
+        """`consume`, awaiting the group commit; the ids it removed (absent ones skipped)."""
+
+        def event() -> Event | None:
+            present = self._present(group_ids)
+            return ReplayConsumed(group_ids=present, step=step) if present else None
+
+        done = await self._append_async(cut, event)
+        return list(done.group_ids) if isinstance(done, ReplayConsumed) else []
+
+    async def evict_async(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> list[str]:
+        """`evict`, awaiting the group commit; the ids it removed (absent ones skipped)."""
+
+        def event() -> Event | None:
+            present = self._present(group_ids)
+            return ReplayEvicted(group_ids=present, reason=reason) if present else None
+
+        done = await self._append_async(cut, event)
+        return list(done.group_ids) if isinstance(done, ReplayEvicted) else []

@@ -540,10 +540,10 @@ class Controller:
             self.report.steps.append(StepReport(step, 0, 0, 0, 0.0, 0))
             return
         async with self.barrier.mutation("train") as cut:
-            self.ledger.replay.select(cut, ids, step=step)
-            rows = self.data_plane.read_rows(TRAINING_PARTITION, row_ids)
+            await self.ledger.replay.select_async(cut, ids, step=step)
+            rows = await asyncio.to_thread(self.data_plane.read_rows, TRAINING_PARTITION, row_ids)
             # Records the trained rows as cleared (RowsCleared), then deletes them.
-            self.ledger.replay.consume(cut, ids, step=step)
+            await self.ledger.replay.consume_async(cut, ids, step=step)
         report = step_report(step, len(ids), rows)
         self.report.steps.append(report)
         self.pool.set_weight_version(step)
