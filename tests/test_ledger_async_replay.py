@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -124,9 +124,9 @@ class _ThreadNoting:
         self.inner = inner
         self.deleted_in: list[threading.Thread] = []
 
-    def delete_rows(self, partition: str, keys: Sequence[str]) -> Any:
+    def delete_rows(self, partition: str, keys: Iterable[str]) -> None:
         self.deleted_in.append(threading.current_thread())
-        return self.inner.delete_rows(partition, keys)
+        self.inner.delete_rows(partition, keys)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
