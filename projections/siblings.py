@@ -262,6 +262,7 @@ def _with_current(sibling: SiblingState, attempt: AttemptState) -> SiblingState:
     )
 
 
+_SIBLING = Granularity.SIBLING
 _ENDED: tuple[AttemptStatus, ...] = ("failed", "abandoned")
 _DISPATCHED: tuple[AttemptStatus, ...] = ("dispatched",)
 
@@ -572,9 +573,13 @@ def _ready_if_complete(group: GroupState) -> GroupState:
 
 
 def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
-    group = state.group(ev.group_id)
-    require_granularity(group, Granularity.SIBLING, "seal one sibling")
-    _require(group, status=("generating",), action="seal")
+    # The most frequent record of a run: the common case is checked inline, and the
+    # functions that own each rule run (and name what is wrong) only when it fails.
+    group = state.groups.get(ev.group_id) or state.group(ev.group_id)
+    if group.granularity is not _SIBLING:
+        require_granularity(group, Granularity.SIBLING, "seal one sibling")
+    if group.status != "generating":
+        _require(group, status=("generating",), action="seal")
     siblings = list(group.siblings)
     sealed = _sealed(group, ev)
     siblings[sealed.generation_index] = sealed
