@@ -80,6 +80,7 @@ def test_small_replay_benchmark_writes_every_row_with_the_same_restore_either_wa
         ("read", False),
         ("decode", False),
         ("fold", False),
+        ("fold_every_record", False),
         ("restore", True),
         ("restore", False),
         ("open", True),
