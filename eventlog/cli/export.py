@@ -27,10 +27,10 @@ from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.replay import Marker
 from eventlog.cli.targets import open_log
 from eventlog.cli.times import format_ns
-from eventlog.cli.views import Mark, raw_data
+from eventlog.cli.views import raw_data
 from eventlog.errors import SchemaError
 from eventlog.events import Event, event_types
-from eventlog.records import Record
+from eventlog.store.base import RecordRow
 
 ColumnKind = str  # "int", "float", "str", "bool", "json", "time"
 
@@ -81,18 +81,40 @@ def event_columns(cls: type[Event]) -> list[tuple[str, str, ColumnKind, bool]]:
     ]
 
 
+_json = msgspec.json.Encoder(order="sorted")
+
+
+def json_text(value: Any) -> str:
+    """Builtins as compact JSON with sorted keys (msgspec; json.dumps' ASCII escapes are
+    kept for text that is not ASCII, so such a value reads the same as before)."""
+    found = _json.encode(value)
+    if found.isascii():
+        return found.decode()
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
 def _cell(kind: ColumnKind, value: Any) -> Any:
     if value is None:
         return None
     if kind == "json":
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+        return json_text(value)
     return value
 
 
-class Table(Protocol):
-    """One output table; `write` takes rows as dicts of column -> value."""
+def uuid_text(raw: bytes) -> str:
+    """16 id bytes as the canonical UUID text (what str(uuid.UUID(bytes=raw)) gives)."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
-    def write(self, rows: list[dict[str, Any]]) -> None: ...
+
+Columns = dict[str, list[Any]]
+"""A batch of rows as one list per column (every list the same length), in table order."""
+
+
+class Table(Protocol):
+    """One output table; `write` takes a batch of rows as columns."""
+
+    def write(self, columns: Columns) -> None: ...
 
     def close(self) -> None: ...
 
@@ -102,7 +124,11 @@ class _JsonLines:
         self.file: IO[str] = path.open("w", encoding="utf-8")
         self.encoder = msgspec.json.Encoder()
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
+    def write(self, columns: Columns) -> None:
+        names = list(columns)
+        rows = [
+            dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)
+        ]
         self.file.write("".join(self.encoder.encode(r).decode() + "\n" for r in rows))
 
     def close(self) -> None:
@@ -112,11 +138,11 @@ class _JsonLines:
 class _Csv:
     def __init__(self, path: Path, columns: list[tuple[str, ColumnKind, bool]]) -> None:
         self.file: IO[str] = path.open("w", encoding="utf-8", newline="")
-        self.writer = csv.DictWriter(self.file, [name for name, _, _ in columns])
-        self.writer.writeheader()
+        self.writer = csv.writer(self.file)
+        self.writer.writerow([name for name, _, _ in columns])
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        self.writer.writerows(rows)
+    def write(self, columns: Columns) -> None:
+        self.writer.writerows(zip(*columns.values(), strict=True))
 
     def close(self) -> None:
         self.file.close()
@@ -141,8 +167,11 @@ class _Parquet:
         )
         self.writer = pq.ParquetWriter(str(path), self.schema)
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        self.writer.write_table(self.pa.Table.from_pylist(rows, schema=self.schema))
+    def write(self, columns: Columns) -> None:
+        arrays = [
+            self.pa.array(columns[f.name], type=f.type, from_pandas=False) for f in self.schema
+        ]
+        self.writer.write_table(self.pa.Table.from_arrays(arrays, schema=self.schema))
 
     def close(self) -> None:
         self.writer.close()
@@ -154,25 +183,44 @@ FORMATS: dict[str, tuple[str, Callable[[Path, list[tuple[str, ColumnKind, bool]]
     "csv": (".csv", _Csv),
 }
 
+PENDING = 50_000
+"""Rows held over every table before all are written: memory stays bounded whatever the
+number of event types (each table also writes when it alone holds BATCH rows)."""
+
 
 class _Sink:
-    """A table and its pending rows, flushed a batch at a time."""
+    """A table and its pending rows (the record rows as read, plus per row what the table
+    adds: the `data` text and mark of `records`, or the event's fields of a typed table),
+    turned into columns a batch at a time."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, make: Callable[[list[RecordRow], list[Any]], Columns]) -> None:
         self.table = table
-        self.rows: list[dict[str, Any]] = []
+        self.make = make
+        self.rows: list[RecordRow] = []
+        self.extra: list[Any] = []
         self.count = 0
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= BATCH:
-            self.flush()
 
     def flush(self) -> None:
         if self.rows:
-            self.table.write(self.rows)
+            self.table.write(self.make(self.rows, self.extra))
             self.count += len(self.rows)
             self.rows = []
+            self.extra = []
+
+
+def _envelope(rows: list[RecordRow], time_as_text: bool, with_type: bool) -> Columns:
+    seqs, streams, versions, ids, types, schemas, ats, _, _ = zip(*rows, strict=True)
+    columns: Columns = {
+        "seq": list(seqs),
+        "stream": list(streams),
+        "version": list(versions),
+        "event_id": [uuid_text(raw) for raw in ids],
+    }
+    if with_type:
+        columns["type"] = list(types)
+    columns["schema"] = list(schemas)
+    columns["recorded_at"] = [format_ns(at) for at in ats] if time_as_text else list(ats)
+    return columns
 
 
 class ExportCommand(click.Command):
@@ -232,30 +280,57 @@ def export(target: str, fmt: str, output: Path) -> None:
         output.mkdir(parents=True, exist_ok=True)
         mark_of = marker.marks(log) if marker is not None else None
         mark_column = marker.column if marker is not None else None
+        time_as_text = fmt != "parquet"
         record_columns = [(n, k, False) for n, k in ENVELOPE] + [("data", "json", True)]
         if mark_column is not None:
             record_columns.append((mark_column, "int", True))
-        time_as_text = fmt != "parquet"
+
+        def records_batch(rows: list[RecordRow], data: list[Any]) -> Columns:
+            columns = _envelope(rows, time_as_text, with_type=True)
+            columns["data"] = data
+            if mark_column is not None:
+                marks = [mark_of(row[0]) if mark_of is not None else None for row in rows]
+                columns[mark_column] = [m.fields.get(mark_column) if m else None for m in marks]
+            return columns
+
+        records = _Sink(make_table(output / f"records{suffix}", record_columns), records_batch)
         sinks: dict[str, _Sink] = {}
-        records = _Sink(make_table(output / f"records{suffix}", record_columns))
         known = event_types()
         head = log.head()
+        pending = 0
         try:
             with seq_progress("export", 1, head) as advance:
-                for record in log.read_records():
-                    advance(record.seq)
-                    _export_one(
-                        record,
-                        records,
-                        sinks,
-                        known,
-                        output,
-                        suffix,
-                        make_table,
-                        mark_of,
-                        mark_column,
-                        time_as_text,
-                    )
+                for row in log.read_rows(1, head):
+                    seq, type_name = row[0], row[4]
+                    advance(seq)
+                    text: str | None
+                    try:
+                        event = codec.decode(type_name, row[5], row[7], seq=seq)
+                        text = json_text(codec.to_builtins(event))
+                    except SchemaError:
+                        event, raw = None, raw_data(row[7])
+                        text = None if raw is None else json_text(raw)
+                    records.rows.append(row)
+                    records.extra.append(text)
+                    if len(records.rows) >= BATCH:
+                        records.flush()
+                    if event is None or type_name not in known:
+                        continue
+                    sink = sinks.get(type_name)
+                    if sink is None:
+                        sink = sinks[type_name] = _typed_sink(
+                            known[type_name], output, type_name + suffix, make_table, time_as_text
+                        )
+                    sink.rows.append(row)
+                    sink.extra.append(event)
+                    pending += 1
+                    if len(sink.rows) >= BATCH:
+                        pending -= len(sink.rows)
+                        sink.flush()
+                    elif pending >= PENDING:  # rare types wait for this: few, large row groups
+                        for other in sinks.values():
+                            other.flush()
+                        pending = 0
         finally:
             for sink in [records, *sinks.values()]:
                 sink.flush()
@@ -266,52 +341,51 @@ def export(target: str, fmt: str, output: Path) -> None:
         console.print(f"{sink.count} {name} -> {output / (name + suffix)}")
 
 
-def _time(ns: int, as_text: bool) -> Any:
-    return format_ns(ns) if as_text else ns
+def _json_value(value: Any) -> str:
+    """A field's value as `_cell("json", to_builtins(value))` writes it."""
+    found = _json.encode(value)
+    if found.isascii():
+        return found.decode()
+    return json_text(msgspec.to_builtins(value))
 
 
-def _export_one(
-    record: Record,
-    records: _Sink,
-    sinks: dict[str, _Sink],
-    known: dict[str, type[Event]],
+@functools.cache
+def _enum_fields(cls: type[Event]) -> frozenset[str]:
+    """Fields whose value is an Enum member (written as its value, as to_builtins does)."""
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    found = set()
+    for f in info.fields:
+        kinds = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)
+        if any(isinstance(k, msgspec.inspect.EnumType) for k in kinds):
+            found.add(f.name)
+    return frozenset(found)
+
+
+def _typed_sink(
+    cls: type[Event],
     output: Path,
-    suffix: str,
+    name: str,
     make_table: Callable[[Path, list[tuple[str, ColumnKind, bool]]], Table],
-    mark_of: Callable[[int], Mark | None] | None,
-    mark_column: str | None,
     time_as_text: bool,
-) -> None:
-    envelope: dict[str, Any] = {
-        "seq": record.seq,
-        "stream": record.stream,
-        "version": record.version,
-        "event_id": str(record.event_id),
-        "type": record.type,
-        "schema": record.schema,
-        "recorded_at": _time(record.recorded_at, time_as_text),
-    }
-    try:
-        event = codec.decode(record.type, record.schema, record.payload, seq=record.seq)
-        data: Any = codec.to_builtins(event)
-    except SchemaError:
-        event, data = None, raw_data(record.payload)
-    row = dict(envelope)
-    row["data"] = _cell("json", data)
-    if mark_column is not None:
-        mark = mark_of(record.seq) if mark_of is not None else None
-        row[mark_column] = mark.fields.get(mark_column) if mark is not None else None
-    records.add(row)
-    if event is None or record.type not in known:
-        return
-    sink = sinks.get(record.type)
-    columns = event_columns(known[record.type])
-    if sink is None:
-        envelope_columns = [(n, k, False) for n, k in ENVELOPE if n != "type"]
-        typed = [(column, kind, nullable) for _, column, kind, nullable in columns]
-        sink = sinks[record.type] = _Sink(
-            make_table(output / f"{record.type}{suffix}", envelope_columns + typed)
-        )
-    del envelope["type"]
-    envelope.update({column: _cell(kind, data.get(name)) for name, column, kind, _ in columns})
-    sink.add(envelope)
+) -> _Sink:
+    """The table of one event type: the envelope (no type) and a column per field."""
+    fields = event_columns(cls)
+    envelope = [(n, k, False) for n, k in ENVELOPE if n != "type"]
+    typed = [(column, kind, nullable) for _, column, kind, nullable in fields]
+
+    enums = _enum_fields(cls)
+
+    def batch(rows: list[RecordRow], events: list[Event]) -> Columns:
+        columns = _envelope(rows, time_as_text, with_type=False)
+        by_field = zip(*map(msgspec.structs.astuple, events), strict=True)
+        for (field, column, kind, _), values in zip(fields, by_field, strict=True):
+            if kind == "json":
+                columns[column] = [None if v is None else _json_value(v) for v in values]
+            elif field in enums:
+                columns[column] = [None if v is None else v.value for v in values]
+            else:
+                columns[column] = list(values)
+        return columns
+
+    return _Sink(make_table(output / name, envelope + typed), batch)
