@@ -34,7 +34,8 @@ from tests.fixtures.ledger import STAGING, Harness, backend_harness_fixture  # n
 
 @pytest.fixture(name="harness")
 def _harness_on_each_backend(backend_harness: Harness) -> Harness:
-    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    """Every test here runs on SQLite and on the real PostgreSQL server (the in-memory data
+    plane), and on SQLite with the real TransferQueue."""
     return backend_harness
 
 
@@ -70,9 +71,9 @@ def test_finalize_records_the_staging_rows_it_frees_in_its_own_append_then_delet
 
 
 def test_consume_and_evict_record_the_canonical_rows_they_free_in_the_same_append(
-    plane_harness: Harness,
+    harness: Harness,
 ) -> None:
-    h = plane_harness  # the in-memory twin and the real TransferQueue
+    h = harness
     for gid in ("g1", "g2"):
         h.reserve(gid, n=2)
         h.dispatch(gid)
@@ -160,9 +161,9 @@ def test_log_first_delete_after_a_crash_in_between_leaves_rows_the_next_clean_up
 
 
 def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
-    plane_harness: Harness,
+    harness: Harness,
 ) -> None:
-    h = plane_harness  # the in-memory twin and the real TransferQueue
+    h = harness
     h.reserve("g1", n=2)
     h.dispatch("g1")
     h.seal("g1", 0)
@@ -190,9 +191,9 @@ def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
     assert h.log.head() == head
 
 
-def test_a_killed_workers_tagged_row_is_attributed_to_its_attempt(plane_harness: Harness) -> None:
+def test_a_killed_workers_tagged_row_is_attributed_to_its_attempt(harness: Harness) -> None:
     """Put, then killed before its TokensStaged: the rollout_id tag still names the attempt."""
-    h = plane_harness  # the in-memory twin and the real TransferQueue
+    h = harness
     h.reserve("g1", n=1)
     h.dispatch("g1")
     rid = h.start_generation("g1", 0)

@@ -13,7 +13,8 @@ from tests.fixtures.ledger import Harness, backend_harness_fixture  # noqa: F401
 
 @pytest.fixture(name="harness")
 def _harness_on_each_backend(backend_harness: Harness) -> Harness:
-    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    """Every test here runs on SQLite and on the real PostgreSQL server (the in-memory data
+    plane), and on SQLite with the real TransferQueue."""
     return backend_harness
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 import pytest
 import torch
 
-from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.dataplane.protocol import DataPlaneCheckpoint
+from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint, Row
 from eventlog.recovery.errors import ReconciliationError
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
@@ -30,7 +31,8 @@ from tests.fixtures.ledger import STAGING, Harness, backend_harness_fixture  # n
 
 @pytest.fixture(name="harness")
 def _harness_on_each_backend(backend_harness: Harness) -> Harness:
-    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    """Every test here runs on SQLite and on the real PostgreSQL server (the in-memory data
+    plane), and on SQLite with the real TransferQueue."""
     return backend_harness
 
 
@@ -135,16 +137,40 @@ def test_restore_clears_orphaned_rows_and_records_each_cause(harness: Harness) -
     assert plan.admitted[0].redispatch_indices == [1]
 
 
-class _LossyDataPlane(InMemoryDataPlane):
-    """A data plane that loses a row while loading its checkpoint (as a lost TQ shard would)."""
+class _LossyDataPlane:
+    """A data plane (the harness's own, in memory or TQ) that loses a row while loading its
+    checkpoint, as a lost TQ shard would."""
 
-    def __init__(self, lose: str) -> None:
-        super().__init__()
+    def __init__(self, plane: DataPlane, lose: str) -> None:
+        self.plane = plane
         self.lose = lose
 
+    def list_partitions(self) -> list[str]:
+        return self.plane.list_partitions()
+
+    def list_keys(self, partition: str) -> dict[str, dict[str, str]]:
+        return self.plane.list_keys(partition)
+
+    def put_rows(
+        self,
+        partition: str,
+        rows: Mapping[str, Row],
+        tags: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self.plane.put_rows(partition, rows, tags)
+
+    def read_rows(self, partition: str, keys: Sequence[str]) -> dict[str, Row]:
+        return self.plane.read_rows(partition, keys)
+
+    def delete_rows(self, partition: str, keys: Iterable[str]) -> None:
+        self.plane.delete_rows(partition, keys)
+
+    def save_checkpoint(self, directory: str) -> DataPlaneCheckpoint:
+        return self.plane.save_checkpoint(directory)
+
     def load_checkpoint(self, checkpoint: DataPlaneCheckpoint) -> None:
-        super().load_checkpoint(checkpoint)
-        self.delete_rows(STAGING, [self.lose])
+        self.plane.load_checkpoint(checkpoint)
+        self.plane.delete_rows(STAGING, [self.lose])
 
 
 def test_restore_fails_closed_when_a_referenced_row_is_missing(harness: Harness) -> None:
@@ -156,8 +182,7 @@ def test_restore_fails_closed_when_a_referenced_row_is_missing(harness: Harness)
     h.seal("g1", 1)
     h.checkpoint(1)
     h.fresh_process()
-    h.data_plane = _LossyDataPlane(lose="g1_g1/call-1")
-    h.ledger = RecoveryLedger(h.log, h.data_plane)
+    h.ledger = RecoveryLedger(h.log, _LossyDataPlane(h.data_plane, lose="g1_g1/call-1"))
     head = h.log.head()
     with pytest.raises(
         ReconciliationError,

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.recovery.config import config_from_dict
 from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError
 from eventlog.recovery.ledger import RecoveryLedger
@@ -28,7 +29,8 @@ from tests.fixtures.ledger import (  # noqa: F401
 
 @pytest.fixture(name="harness")
 def _harness_on_each_backend(backend_harness: Harness) -> Harness:
-    """Every test here runs on SQLite and on the real PostgreSQL server."""
+    """Every test here runs on SQLite and on the real PostgreSQL server (the in-memory data
+    plane), and on SQLite with the real TransferQueue."""
     return backend_harness
 
 
@@ -57,10 +59,22 @@ _CHILD = textwrap.dedent(
         def __init__(self, prompts): self.prompts = prompts
         def get(self, sample_id): return self.prompts[sample_id]
 
+    def new_data_plane():
+        if len(sys.argv) == 3:
+            return InMemoryDataPlane()            # the old process's rows died with it
+        # The real TransferQueue: join the test session's Ray cluster (its GCS address), and
+        # find TQ emptied, as a fresh TQ would be.
+        import ray
+        from eventlog.dataplane.transferqueue import join_transferqueue
+        ray.init(address=sys.argv[3], _node_ip_address="127.0.0.1", log_to_driver=False)
+        plane = join_transferqueue()
+        plane.clear()
+        return plane
+
     async def main():
         path, prompts = sys.argv[1], json.loads(sys.argv[2])
         log = EventLog.open(path)
-        data_plane = InMemoryDataPlane()          # the old process's rows died with it
+        data_plane = new_data_plane()
         ledger = RecoveryLedger(log, data_plane)
         async with MutationBarrier().mutation("recovery_restore") as cut:
             plan = ledger.restore(cut, Dataset(prompts))
@@ -85,6 +99,16 @@ _CHILD = textwrap.dedent(
 )
 
 
+def _tq_address(h: Harness) -> list[str]:
+    """Where a child process finds the harness's TransferQueue: its Ray cluster's GCS address
+    (none for the in-memory data plane, whose rows live only in this process)."""
+    if isinstance(h.data_plane, InMemoryDataPlane):
+        return []
+    import ray
+
+    return [ray.get_runtime_context().gcs_address]
+
+
 def test_sealed_siblings_are_reused_across_a_process_restart(harness: Harness) -> None:
     h = harness
     h.reserve("g1", n=3, target_step=5)
@@ -94,7 +118,7 @@ def test_sealed_siblings_are_reused_across_a_process_restart(harness: Harness) -
     rows_before = sorted(h.data_plane.list_keys("rollout_staging"))
     h.checkpoint(5)
     h.log.close()
-    out = last_json_of_child(_CHILD, h.location, json.dumps(h.dataset.prompts))
+    out = last_json_of_child(_CHILD, h.location, json.dumps(h.dataset.prompts), *_tq_address(h))
     group = out["groups"]["g1"]
     assert group["sealed"] == [
         [0, 0, "g1_g0", ["g1_g0/call-0", "g1_g0/call-1"], 0.25, 5],
