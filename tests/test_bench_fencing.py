@@ -1,4 +1,5 @@
-"""The fencing benchmark's smoke run: every cell, both paths, the ledger beside them."""
+"""The fencing benchmark's smoke run: every cell, both kinds of block in ABAB rounds, the
+A-vs-A noise floor and the ledger beside them, and a verdict that follows from them."""
 
 from __future__ import annotations
 
@@ -30,9 +31,17 @@ def test_quick_fencing_benchmark_compares_fenced_and_unfenced_commands(tmp_path:
         ("sqlite", "normal"),
     ]
     for row in rows:
-        assert len(row["fenced_each_us"]) == len(row["unfenced_each_us"]) == 2
-        assert row["fenced_us_per_command"] > 0 and row["unfenced_us_per_command"] > 0
-        assert row["ledger_us_per_command"] > 0
-    assert {t["status"] for t in results.targets} <= {"PASS", "MISS"}
+        assert row["rounds"] == 2
+        # ABAB, the opening alternating per round: U F U F, then F U F U
+        assert [list(b) for b in row["blocks_us"]] == [
+            ["U", "F", "U2", "F2"],
+            ["F", "U", "F2", "U2"],
+        ]
+        assert all(v > 0 for b in row["blocks_us"] for v in b.values())
+        assert len(row["delta_each_us"]) == len(row["aa_each_us"]) == 2
+        assert row["noise_floor_us"] >= 0 and row["ledger_us_per_command"] > 0
+    for row, target in zip(rows, results.targets, strict=True):
+        allowed = max(row["noise_floor_us"], fencing.THRESHOLD * row["ledger_us_per_command"])
+        assert target["status"] == ("PASS" if row["delta_us"] <= allowed else "MISS")
     assert "fencing: cost per command" in output.getvalue()
-    assert all(r["command_ratio"] > 0 for r in rows)
+    assert "A-vs-A" in output.getvalue()
