@@ -45,3 +45,41 @@ def test_quick_fencing_benchmark_compares_fenced_and_unfenced_commands(tmp_path:
         assert target["status"] == ("PASS" if row["delta_us"] <= allowed else "MISS")
     assert "fencing: cost per command" in output.getvalue()
     assert "A-vs-A" in output.getvalue()
+
+
+def test_the_difference_is_the_effect_and_a_steady_drift_cancels_over_two_rounds() -> None:
+    """Blocks with a fixed fencing cost `e` on a machine drifting by `d` per block: the two
+    openings give e + d and e - d, and the A-vs-A contrast sees neither."""
+    e, d = 7.0, 3.0
+    rounds = [
+        {"U": 0.0, "F": e + d, "U2": 2 * d, "F2": e + 3 * d},  # U F U F
+        {"F": 4 * d + e, "U": 5 * d, "F2": 6 * d + e, "U2": 7 * d},  # F U F U
+    ]
+    deltas, aa = fencing.contrasts(rounds)
+    assert deltas == [e + d, e - d]
+    assert aa == [0.0, 0.0]
+
+
+def _row(delta_us: float, noise_us: float, ledger_us: float = 1000.0) -> dict[str, object]:
+    return {
+        "backend": "sqlite",
+        "durability": "normal",
+        "delta_us": delta_us,
+        "noise_floor_us": noise_us,
+        "ledger_us_per_command": ledger_us,
+        "command_ratio": round(1 + delta_us / ledger_us, 4),
+        "command_ratio_each": [1 + delta_us / ledger_us],
+    }
+
+
+def test_fencing_passes_only_within_the_noise_floor_or_below_one_percent_of_a_command() -> None:
+    within_noise = fencing.cell_target(_row(delta_us=30.0, noise_us=40.0))
+    below_threshold = fencing.cell_target(_row(delta_us=9.0, noise_us=2.0))
+    above_both = fencing.cell_target(_row(delta_us=11.0, noise_us=4.8))
+    assert (within_noise["status"], below_threshold["status"], above_both["status"]) == (
+        "PASS",
+        "PASS",
+        "MISS",
+    )
+    assert "within the A-vs-A noise floor" in within_noise["target"]
+    assert "above the noise floor and 1 % of a command" in above_both["target"]
