@@ -2,23 +2,36 @@
 
 What is pinned: `select_async` / `consume_async` await the log's group commit and share it with
 commands on groups; two replay commands take turns (one stream), and the later one decides
-again on what the earlier adopted; a command waiting for a group in flight runs its body again
-only once the group is free, not on every commit that lands meanwhile; an async command's
-data-plane deletion runs outside the event loop's thread.
+again on what the earlier adopted; a command waiting for keys in flight runs its body again
+only once they are free, not on every commit that lands meanwhile; an async command's
+data-plane deletion runs outside the event loop's thread; finalize takes the weight versions its
+seals read (no attempt stream read again on the loop), and a receipt naming a key not seen
+before is checked against the log again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import pytest
 
+from eventlog.recovery.barrier import Cut
+from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.ledger import RecoveryLedger
-from eventlog.recovery.vocabulary import REPLAY_STREAM, ReplayConsumed, RowsCleared
-from tests.fixtures.ledger import Harness
+from eventlog.recovery.vocabulary import (
+    REPLAY_STREAM,
+    PromptRef,
+    Receipt,
+    ReplayConsumed,
+    RowsCleared,
+    group_stream,
+)
+from projections.siblings import GroupState
+from tests.fixtures.ledger import Harness, make_prompt
 from tests.test_ledger_async import in_flight_together, ready, same_as_rebuilt, seal_async
 
 
@@ -87,33 +100,46 @@ def test_replay_commands_in_flight_take_turns_and_the_later_decides_again(
     assert same_as_rebuilt(h)
 
 
-def test_a_waiting_command_runs_again_only_once_its_group_is_free(
+def test_a_waiting_command_runs_again_only_once_its_keys_are_free(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     h = harness
     n = 6
-    h.reserve("g1", n=n)
-    h.dispatch("g1")
-    for index in range(n):
-        h.start_generation("g1", index)
-    seals = [seal_async(h, "g1", index) for index in range(n)]
-    reads = 0
-    read_stream = h.log.read_stream
+    looked_up: Counter[str] = Counter()
+    stream_version = h.log.stream_version
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal reads
-        reads += 1  # a seal's body reads its attempt's stream once per run
-        return read_stream(*args, **kwargs)
+    def counted(stream: str) -> int | None:
+        looked_up[stream] += 1  # a reserve's body looks its new group's stream up each run
+        return stream_version(stream)
 
-    monkeypatch.setattr(h.log, "read_stream", counted)
+    monkeypatch.setattr(h.log, "stream_version", counted)
 
-    results, commits = in_flight_together(h, *seals)
+    def reserve(gid: str) -> Callable[[Cut], Awaitable[GroupState]]:
+        prompt = make_prompt(gid)
+        return lambda cut: h.ledger.reserve_async(
+            cut,
+            group_id=gid,
+            prompt=prompt,
+            prompt_ref=PromptRef(sample_id=gid, task_name="math"),
+            expected_generations=2,
+            start_weight_version=0,
+            admitted=True,
+            target_step=1,
+            admission_id="a1",
+            granularity="sibling",
+        )
 
-    assert results == [True] * n
-    assert commits == n  # one group: one after the other
-    # Each seal runs once when submitted and once more when its turn comes: n + (n - 1).
-    # Running every waiting body again on each commit that lands would be n + n(n-1)/2.
-    assert reads == 2 * n - 1
+    gids = [f"g{i}" for i in range(n)]
+    results, commits = in_flight_together(h, *(reserve(g) for g in gids))
+
+    assert [r.group_id for r in results if isinstance(r, GroupState)] == gids
+    assert commits == n  # one admission: one after the other
+    once = looked_up[group_stream(gids[0])]  # the first never waited: one run
+    runs = [looked_up[group_stream(g)] / once for g in gids]
+    # Each waiting reserve runs once when submitted and once more when its turn comes;
+    # running every waiting body again on each commit that lands, the last would run n times.
+    assert runs == [1.0] + [2.0] * (n - 1)
+    assert list(h.ledger.state.admissions["a1"]) == gids
     assert same_as_rebuilt(h)
 
 
@@ -158,3 +184,80 @@ def test_async_finalize_discard_and_consume_delete_rows_outside_the_loop_thread(
 
     assert len(noting.deleted_in) == 3  # staging rows of g1 and g2, canonical rows of g0
     assert all(t is not loop_thread for t in noting.deleted_in)
+
+
+def test_finalize_reads_no_attempt_stream_its_seals_already_read(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    h.reserve("g1", n=3)
+    h.dispatch("g1")
+    for index in range(3):
+        h.seal("g1", index)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="f"))
+    h.put_canonical_rows("g1")
+    read: list[str] = []
+    read_stream = h.log.read_stream
+
+    def noted(stream: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(stream)
+        return read_stream(stream, *args, **kwargs)
+
+    monkeypatch.setattr(h.log, "read_stream", noted)
+
+    h.run(lambda cut: h.ledger.finalize(cut, "g1", owner="f", min_weight_version=0))
+
+    assert [s for s in read if s.startswith("attempt/")] == []
+    (finalized,) = [r.event for r in h.records(group_stream("g1")) if r.type == "GroupFinalized"]
+    assert finalized.weight_versions == [[0], [0], [0]]  # what the seals read
+    assert same_as_rebuilt(h)
+
+
+def test_a_receipt_naming_a_key_staged_after_a_refusal_is_checked_against_the_log_again(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    rid = h.start_generation("g1", 0)
+    two = h.stage(rid, calls=2)
+    early = Receipt(rollout_id=rid, staging_keys=[*two.staging_keys, f"{rid}/call-2"])
+
+    def seal(receipt: Receipt) -> Callable[[Cut], bool]:
+        return lambda cut: h.ledger.seal_sibling(
+            cut, "g1", 0, rollout_id=rid, receipt=receipt, reward=1.0, mask_sample=False
+        )
+
+    with pytest.raises(LedgerRuleError, match="never staged"):
+        h.run(seal(early))  # call-2 is not staged yet
+    three = h.stage(rid, calls=3)  # now it is
+
+    assert h.run(seal(three)) is True
+    assert same_as_rebuilt(h)
+
+
+def test_an_async_seal_reads_its_attempt_stream_outside_the_loop_thread(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    ready(h, "g1")
+    seal = seal_async(h, "g1", 0)
+    read_in: list[threading.Thread] = []
+    read_stream = h.log.read_stream
+
+    def noted(stream: str, *args: Any, **kwargs: Any) -> Any:
+        if stream.startswith("attempt/"):
+            read_in.append(threading.current_thread())
+        return read_stream(stream, *args, **kwargs)
+
+    monkeypatch.setattr(h.log, "read_stream", noted)
+
+    async def main() -> tuple[bool, threading.Thread]:
+        async with h.barrier.mutation("test") as cut:
+            return await seal(cut), threading.current_thread()
+
+    sealed, loop_thread = asyncio.run(main())
+
+    assert sealed is True
+    assert read_in and all(t is not loop_thread for t in read_in)
+    assert same_as_rebuilt(h)

@@ -281,6 +281,8 @@ class RecoveryLedger:
         self._versions: dict[str, int] = {}
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
+        self._staged: dict[str, dict[str, int]] = {}
+        """Per rollout id, what `_staged_versions` read of its attempt stream."""
         self._fenced: str | None = None
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
@@ -529,10 +531,11 @@ class RecoveryLedger:
             steps = start()
             try:
                 pending = next(steps)
+                while isinstance(pending, _Blocking):  # reads before its first commit
+                    failed = await self._off_loop(pending)
+                    pending = steps.send([]) if failed is None else steps.throw(failed)
             except StopIteration as done:
                 return cast(R, done.value)
-            if isinstance(pending, _Blocking):
-                break
             if not self._busy(pending.keys):
                 break
             steps.close()
@@ -540,12 +543,8 @@ class RecoveryLedger:
         try:
             while True:
                 if isinstance(pending, _Blocking):
-                    try:
-                        await asyncio.to_thread(pending.call)
-                    except Exception as exc:
-                        pending = steps.throw(exc)
-                        continue
-                    pending = steps.send([])
+                    failed = await self._off_loop(pending)
+                    pending = steps.send([]) if failed is None else steps.throw(failed)
                     continue
                 commit = asyncio.ensure_future(self._commit_later(pending))
                 for key in pending.keys:
@@ -559,6 +558,15 @@ class RecoveryLedger:
                 pending = steps.send(results)
         except StopIteration as done:
             return cast(R, done.value)
+
+    @staticmethod
+    async def _off_loop(call: _Blocking) -> Exception | None:
+        """Run a body's blocking call in a thread; its error, to throw into the body."""
+        try:
+            await asyncio.to_thread(call.call)
+        except Exception as exc:
+            return exc
+        return None
 
     def _busy(self, keys: frozenset[str]) -> set[asyncio.Future[list[AppendResult]]]:
         """The commits in flight that hold any of `keys`."""
@@ -893,6 +901,7 @@ class RecoveryLedger:
     ) -> Steps[bool]:
         """Accept one attempt's result (`sibling` granularity). False: an identical repeat."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
+        yield from self._read_staged([receipt])
         group = self._result_group(group_id, generation_index, rollout_id)
         attempt = self._attempt(group, generation_index, rollout_id)
         result = SealResult(
@@ -924,6 +933,7 @@ class RecoveryLedger:
     def _seal_group(self, cut: Cut, group_id: str, results: Sequence[SiblingResult]) -> Steps[bool]:
         """Accept every sibling's result at once (`prompt_group`); validated whole first."""
         self._require_cut(cut)  # a command with nothing to do is refused all the same
+        yield from self._read_staged([r.receipt for r in results])
         group = (
             self._result_group(group_id, results[0].generation_index, results[0].rollout_id)
             if results
@@ -977,16 +987,43 @@ class RecoveryLedger:
         return sorted({staged[k] for k in receipt.staging_keys})
 
     def _staged_versions(self, receipt: Receipt | None) -> dict[str, int]:
-        """staging key -> weight version, from the TokensStaged records of the receipt's attempt."""
+        """staging key -> weight version, from the TokensStaged records of the receipt's attempt.
+
+        Kept from the seal's read until the group leaves (finalize reads every sibling's
+        again, on the loop); the log is read again whenever a receipt names a key not kept.
+        """
         if receipt is None or not receipt.staging_keys:
             return {}
-        return {
+        kept = self._staged.get(receipt.rollout_id)
+        if kept is not None and all(k in kept for k in receipt.staging_keys):
+            return kept
+        found = {
             ev.staging_key: ev.weight_version
             for r in self.log.read_stream(attempt_stream(receipt.rollout_id))
             if isinstance(ev := r.event, TokensStaged)
             and ev.partition == self.staging_partition
             and ev.rollout_id == receipt.rollout_id
         }
+        self._staged[receipt.rollout_id] = found
+        return found
+
+    def _read_staged(self, receipts: Iterable[Receipt | None]) -> Steps[None]:
+        """Read the attempt streams of receipts not read yet, as a blocking step (the asyncio
+        form reads them in a thread: a read on the loop waits for the server)."""
+        unread = [
+            r
+            for r in receipts
+            if r is not None
+            and r.staging_keys
+            and not all(k in self._staged.get(r.rollout_id, ()) for k in r.staging_keys)
+        ]
+        if unread:
+            (yield _Blocking(lambda: [self._staged_versions(r) for r in unread]))
+
+    def _forget_staged(self, group: GroupState) -> None:
+        for sibling in group.siblings:
+            for attempt in sibling.attempts:
+                self._staged.pop(attempt.rollout_id, None)
 
     def _weight_versions(self, group: GroupState) -> list[list[int]]:
         """Per sibling, the policy versions its sealed attempt's staged calls used."""
@@ -1084,6 +1121,7 @@ class RecoveryLedger:
         lists them are one append, and the rows are deleted after it (log first, delete
         after; a crash in between leaves rows the next restore clears again).
         """
+        yield from self._read_staged(s.current.receipt for s in self.group(group_id).siblings)
         group = self.group(group_id)
         versions = self._weight_versions(group)
         event = GroupFinalized(
@@ -1114,6 +1152,7 @@ class RecoveryLedger:
         (yield self._group_commit(cut, group_id, events))
         entry = self._require_state().replay[group_id]
         self._prompts.pop(group_id, None)
+        self._forget_staged(group)
         if cleared:
             keys = [c.key for c in cleared]
             (yield _Blocking(lambda: self.data_plane.delete_rows(self.staging_partition, keys)))
@@ -1173,10 +1212,12 @@ class RecoveryLedger:
 
     def _discard(self, cut: Cut, group_id: str, *, reason: str) -> Steps[list[str]]:
         """Drop a group untrained; clears the staging rows it owned (after the append)."""
-        keys = self.group(group_id).staging_keys()
+        group = self.group(group_id)
+        keys = group.staging_keys()
         event = GroupDiscarded(group_id=group_id, reason=reason, staging_keys=keys)
         (yield self._group_commit(cut, group_id, [event]))
         self._prompts.pop(group_id, None)
+        self._forget_staged(group)
         if keys:
             (yield _Blocking(lambda: self.data_plane.delete_rows(self.staging_partition, keys)))
         return keys
