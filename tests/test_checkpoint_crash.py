@@ -6,7 +6,8 @@ of them (the process "dies": the next one starts with an empty data plane) and r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from eventlog.recovery.vocabulary import (
     RestoreCompleted,
 )
 from projections.siblings import state_digest
-from tests.fixtures.ledger import Harness
+from tests.fixtures.ledger import TQ_MARKS, Harness, open_harness, tq_harness
 
 
 class Crash(BaseException):
@@ -42,23 +43,52 @@ def _appending(log: EventLog, event_type: type) -> Callable[[Sequence[AppendRequ
     return append_batch
 
 
-def _partial_save(location: str) -> None:
-    """A save that got half way: a folder with a truncated file in it."""
-    Path(location).mkdir(parents=True, exist_ok=True)
-    (Path(location) / "memory-dataplane.rows").write_bytes(b"EVLM\x00\x01")
-    raise Crash("during the data-plane save")
+@pytest.fixture(name="harness", params=["memory", pytest.param("transferqueue", marks=TQ_MARKS)])
+def _harness_on_each_data_plane(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Harness]:
+    """Every test here runs on SQLite with the in-memory data plane and with the real
+    TransferQueue (whose checkpoints are folders of TQ's own files)."""
+    if request.param == "memory":
+        h = open_harness(tmp_path / "run.db")
+    else:
+        h = tq_harness(request, tmp_path / "run.db")
+    try:
+        yield h
+    finally:
+        h.log.close()
+
+
+def _partial_save(h: Harness) -> Callable[[str], None]:
+    """A save that got half way: a folder with a truncated file in it, where the harness's
+    data plane keeps the file its load reads first."""
+    name = (
+        "memory-dataplane.rows"
+        if isinstance(h.data_plane, InMemoryDataPlane)
+        else ("transferqueue/metadata.json")
+    )
+
+    def save(location: str) -> None:
+        (Path(location) / name).parent.mkdir(parents=True, exist_ok=True)
+        (Path(location) / name).write_bytes(b"EVLM\x00\x01")
+        raise Crash("during the data-plane save")
+
+    return save
 
 
 def _half_deleted(events: Sequence[CheckpointRetired]) -> None:
     for event in events:
-        for file in Path(event.data_plane_ref).iterdir():
-            file.unlink()
+        for entry in Path(event.data_plane_ref).iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
             raise Crash("in the middle of deleting a retired checkpoint")
 
 
 CRASH_POINTS: dict[str, Callable[[Harness, pytest.MonkeyPatch], None]] = {
     "during the data-plane save": lambda h, mp: mp.setattr(
-        h.data_plane, "save_checkpoint", _partial_save
+        h.data_plane, "save_checkpoint", _partial_save(h)
     ),
     "after the save, before CheckpointCommitted": lambda h, mp: mp.setattr(
         h.log, "append_batch", _appending(h.log, CheckpointCommitted)
@@ -167,7 +197,7 @@ def test_the_leftover_of_an_uncommitted_save_is_replaced_not_kept(
     directory = tmp_path / "checkpoints"
     h.reserve("g1", n=1)
     with monkeypatch.context() as mp:
-        mp.setattr(h.data_plane, "save_checkpoint", _partial_save)
+        mp.setattr(h.data_plane, "save_checkpoint", _partial_save(h))
         with pytest.raises(Crash):
             _checkpoint(h, directory, step=1)
     (leftover,) = directory.iterdir()
