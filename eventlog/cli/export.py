@@ -13,13 +13,16 @@ from __future__ import annotations
 import copy
 import csv
 import functools
+import itertools
 import json
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 import click
 import msgspec
+import numpy as np
 
 from eventlog import codec
 from eventlog.cli.exits import CliUsageError
@@ -101,10 +104,19 @@ def _cell(kind: ColumnKind, value: Any) -> Any:
     return value
 
 
-def uuid_text(raw: bytes) -> str:
-    """16 id bytes as the canonical UUID text (what str(uuid.UUID(bytes=raw)) gives)."""
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_DIGITS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
+
+
+def uuid_texts(ids: Sequence[bytes]) -> list[str]:
+    """16-byte ids as canonical UUID text (what str(uuid.UUID(bytes=raw)) gives), formatted
+    as one array: no Python work per id."""
+    raw = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(-1, 16)
+    out = np.full((len(ids), 36), ord("-"), dtype=np.uint8)
+    out[:, _DIGITS[0::2]] = _HEX[raw >> 4]
+    out[:, _DIGITS[1::2]] = _HEX[raw & 15]
+    texts: list[str] = out.view("S36").ravel().astype("U36").tolist()
+    return texts
 
 
 Columns = dict[str, list[Any]]
@@ -193,33 +205,42 @@ class _Sink:
     adds: the `data` text and mark of `records`, or the event's fields of a typed table),
     turned into columns a batch at a time."""
 
-    def __init__(self, table: Table, make: Callable[[list[RecordRow], list[Any]], Columns]) -> None:
+    def __init__(
+        self, table: Table, make: Callable[[list[RecordRow], list[str], list[Any]], Columns]
+    ) -> None:
         self.table = table
         self.make = make
         self.rows: list[RecordRow] = []
+        self.ids: list[str] = []
+        """Each row's event id as text."""
         self.extra: list[Any] = []
         self.count = 0
 
     def flush(self) -> None:
         if self.rows:
-            self.table.write(self.make(self.rows, self.extra))
+            self.table.write(self.make(self.rows, self.ids, self.extra))
             self.count += len(self.rows)
             self.rows = []
+            self.ids = []
             self.extra = []
 
 
-def _envelope(rows: list[RecordRow], time_as_text: bool, with_type: bool) -> Columns:
-    seqs, streams, versions, ids, types, schemas, ats, _, _ = zip(*rows, strict=True)
+def _envelope(
+    rows: list[RecordRow], ids: list[str], time_as_text: bool, with_type: bool
+) -> Columns:
+    def column(at: int) -> list[Any]:
+        return list(map(operator.itemgetter(at), rows))
+
     columns: Columns = {
-        "seq": list(seqs),
-        "stream": list(streams),
-        "version": list(versions),
-        "event_id": [uuid_text(raw) for raw in ids],
+        "seq": column(0),
+        "stream": column(1),
+        "version": column(2),
+        "event_id": ids,
     }
     if with_type:
-        columns["type"] = list(types)
-    columns["schema"] = list(schemas)
-    columns["recorded_at"] = [format_ns(at) for at in ats] if time_as_text else list(ats)
+        columns["type"] = column(4)
+    columns["schema"] = column(5)
+    columns["recorded_at"] = list(map(format_ns, column(6))) if time_as_text else column(6)
     return columns
 
 
@@ -285,8 +306,8 @@ def export(target: str, fmt: str, output: Path) -> None:
         if mark_column is not None:
             record_columns.append((mark_column, "int", True))
 
-        def records_batch(rows: list[RecordRow], data: list[Any]) -> Columns:
-            columns = _envelope(rows, time_as_text, with_type=True)
+        def records_batch(rows: list[RecordRow], ids: list[str], data: list[Any]) -> Columns:
+            columns = _envelope(rows, ids, time_as_text, with_type=True)
             columns["data"] = data
             if mark_column is not None:
                 marks = [mark_of(row[0]) if mark_of is not None else None for row in rows]
@@ -297,40 +318,39 @@ def export(target: str, fmt: str, output: Path) -> None:
         sinks: dict[str, _Sink] = {}
         known = event_types()
         head = log.head()
+        decoder = _ChunkDecoder(known)
         pending = 0
         try:
             with seq_progress("export", 1, head) as advance:
-                for row in log.read_rows(1, head):
-                    seq, type_name = row[0], row[4]
-                    advance(seq)
-                    text: str | None
-                    try:
-                        event = codec.decode(type_name, row[5], row[7], seq=seq)
-                        text = json_text(codec.to_builtins(event))
-                    except SchemaError:
-                        event, raw = None, raw_data(row[7])
-                        text = None if raw is None else json_text(raw)
-                    records.rows.append(row)
-                    records.extra.append(text)
-                    if len(records.rows) >= BATCH:
-                        records.flush()
-                    if event is None or type_name not in known:
-                        continue
-                    sink = sinks.get(type_name)
-                    if sink is None:
-                        sink = sinks[type_name] = _typed_sink(
-                            known[type_name], output, type_name + suffix, make_table, time_as_text
-                        )
-                    sink.rows.append(row)
-                    sink.extra.append(event)
-                    pending += 1
-                    if len(sink.rows) >= BATCH:
-                        pending -= len(sink.rows)
-                        sink.flush()
-                    elif pending >= PENDING:  # rare types wait for this: few, large row groups
-                        for other in sinks.values():
-                            other.flush()
-                        pending = 0
+                for chunk in _chunks(log.read_rows(1, head), advance):
+                    ids = uuid_texts([row[3] for row in chunk])
+                    events, data = decoder.decode(chunk)
+                    records.rows += chunk
+                    records.ids += ids
+                    records.extra += [
+                        json_text(d) if d is not None else _raw_text(row[7])
+                        for row, d in zip(chunk, data, strict=True)
+                    ]
+                    records.flush()
+                    for row, uid, event, d in zip(chunk, ids, events, data, strict=True):
+                        if event is None:
+                            continue
+                        sink = sinks.get(row[4])
+                        if sink is None:
+                            sink = sinks[row[4]] = _typed_sink(
+                                type(event), output, row[4] + suffix, make_table, time_as_text
+                            )
+                        sink.rows.append(row)
+                        sink.ids.append(uid)
+                        sink.extra.append(d)
+                        pending += 1
+                        if len(sink.rows) >= BATCH:
+                            pending -= len(sink.rows)
+                            sink.flush()
+                        elif pending >= PENDING:  # rare types wait: few, large row groups
+                            for other in sinks.values():
+                                other.flush()
+                            pending = 0
         finally:
             for sink in [records, *sinks.values()]:
                 sink.flush()
@@ -341,25 +361,66 @@ def export(target: str, fmt: str, output: Path) -> None:
         console.print(f"{sink.count} {name} -> {output / (name + suffix)}")
 
 
-def _json_value(value: Any) -> str:
-    """A field's value as `_cell("json", to_builtins(value))` writes it."""
-    found = _json.encode(value)
-    if found.isascii():
-        return found.decode()
-    return json_text(msgspec.to_builtins(value))
+def _chunks(rows: Iterator[RecordRow], advance: Callable[[int], None]) -> Iterator[list[RecordRow]]:
+    """The rows in lists of BATCH."""
+    while chunk := list(itertools.islice(rows, BATCH)):
+        advance(chunk[-1][0])
+        yield chunk
 
 
-@functools.cache
-def _enum_fields(cls: type[Event]) -> frozenset[str]:
-    """Fields whose value is an Enum member (written as its value, as to_builtins does)."""
-    info = msgspec.inspect.type_info(cls)
-    assert isinstance(info, msgspec.inspect.StructType)
-    found = set()
-    for f in info.fields:
-        kinds = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)
-        if any(isinstance(k, msgspec.inspect.EnumType) for k in kinds):
-            found.add(f.name)
-    return frozenset(found)
+def _raw_text(payload: bytes) -> str | None:
+    """The `data` of a record whose event does not decode: its raw fields, if any."""
+    raw = raw_data(payload)
+    return None if raw is None else json_text(raw)
+
+
+class _ChunkDecoder:
+    """A chunk of rows decoded at once: a msgpack array of their payloads, read by one
+    decoder of every known event type (a tagged union). A chunk holding any other record (an
+    unknown type, another schema version, a payload that does not decode as its row's type)
+    is decoded record by record as `codec.decode` does."""
+
+    def __init__(self, known: dict[str, type[Event]]) -> None:
+        self.known = known
+        self.current = {name: cls.schema for name, cls in known.items()}
+        every: Any = functools.reduce(operator.or_, known.values()) if known else None
+        self.many: msgspec.msgpack.Decoder[Any] | None = (
+            msgspec.msgpack.Decoder(list[every]) if known else None
+        )
+
+    def decode(self, chunk: list[RecordRow]) -> tuple[list[Event | None], list[Any]]:
+        """Each row's event (None: it does not decode) and its fields as builtins."""
+        events = self._at_once(chunk)
+        if events is None:
+            events = [self._one(row) for row in chunk]
+        data: list[Any] = msgspec.to_builtins(events)
+        for d in data:
+            if d is not None:
+                del d["type"]
+        return events, data
+
+    def _at_once(self, chunk: list[RecordRow]) -> list[Event | None] | None:
+        current, known = self.current, self.known
+        if self.many is None or any(current.get(row[4]) != row[5] for row in chunk):
+            return None
+        header = b"\xdd" + len(chunk).to_bytes(4, "big")
+        try:
+            events: list[Event | None] = self.many.decode(
+                header + b"".join([row[7] for row in chunk])
+            )
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        for row, event in zip(chunk, events, strict=True):
+            if type(event) is not known[row[4]]:
+                return None
+        return events
+
+    @staticmethod
+    def _one(row: RecordRow) -> Event | None:
+        try:
+            return codec.decode(row[4], row[5], row[7], seq=row[0])
+        except SchemaError:
+            return None
 
 
 def _typed_sink(
@@ -374,18 +435,13 @@ def _typed_sink(
     envelope = [(n, k, False) for n, k in ENVELOPE if n != "type"]
     typed = [(column, kind, nullable) for _, column, kind, nullable in fields]
 
-    enums = _enum_fields(cls)
-
-    def batch(rows: list[RecordRow], events: list[Event]) -> Columns:
-        columns = _envelope(rows, time_as_text, with_type=False)
-        by_field = zip(*map(msgspec.structs.astuple, events), strict=True)
-        for (field, column, kind, _), values in zip(fields, by_field, strict=True):
+    def batch(rows: list[RecordRow], ids: list[str], data: list[dict[str, Any]]) -> Columns:
+        columns = _envelope(rows, ids, time_as_text, with_type=False)
+        for field, column, kind, _ in fields:
+            values = [d.get(field) for d in data]
             if kind == "json":
-                columns[column] = [None if v is None else _json_value(v) for v in values]
-            elif field in enums:
-                columns[column] = [None if v is None else v.value for v in values]
-            else:
-                columns[column] = list(values)
+                values = [None if v is None else json_text(v) for v in values]
+            columns[column] = values
         return columns
 
     return _Sink(make_table(output / name, envelope + typed), batch)

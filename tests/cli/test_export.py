@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import cli
+from tests.cli.helpers import append_notes, cli, insert_raw
 
 
 def export(run: AuditedRun, out: Path, fmt: str) -> None:
@@ -80,3 +81,36 @@ def test_export_refuses_a_file_as_the_output_folder(run: AuditedRun, tmp_path: P
     result = cli("export", run.path, "-o", str(target))
     assert result.exit_code == 2
     assert "is a file" in result.stderr and "Traceback" not in result.stderr
+
+
+UNREADABLE = {
+    "unknown type": ("CliVanished", 1, {"color": "red"}, '{"color":"red"}'),
+    "newer schema": ("CliNote", 99, {"text": "v99", "n": 7}, '{"n":7,"text":"v99"}'),
+    "payload of another type": (
+        "CliNote",
+        1,
+        {"type": "CliMeasured", "name": "m", "value": 1.5, "ok": True, "tags": []},
+        '{"name":"m","ok":true,"tags":[],"value":1.5}',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_a_record_this_program_cannot_read_is_only_in_records_with_its_raw_fields(
+    log_file: str, tmp_path: Path, case: str
+) -> None:
+    type_name, schema, fields, raw = UNREADABLE[case]
+    append_notes(log_file, 2)
+    odd = insert_raw(log_file, "odd", type_name, schema, fields)
+    append_notes(log_file, 1)
+    out = tmp_path / "out"
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["seq"] for r in records] == [1, 2, odd, odd + 1]
+    assert records[2]["data"] == raw
+    assert records[3]["data"] == '{"n":0,"text":"n0"}'
+    notes = (out / "CliNote.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in notes] == [1, 2, odd + 1]
+    assert {p.name for p in out.iterdir()} == {"records.jsonl", "CliNote.jsonl"}
