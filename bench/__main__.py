@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from bench import append, audit, esapp, fencing, replay, rollout, scale
+from bench import append, audit, cleanup, esapp, fencing, replay, rollout, scale
 from bench.common import RESULTS_DIR
 
 Benchmark = Callable[..., Any]
@@ -23,6 +23,7 @@ Benchmark = Callable[..., Any]
 BENCHMARKS: dict[str, Benchmark] = {
     "append": append.run,
     "audit": audit.run,
+    "cleanup": cleanup.run,
     "esapp": esapp.run,
     "fencing": fencing.run,
     "replay": replay.run,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ THRESHOLD = 0.01
 matter beside the command, though measurable."""
 
 
-def _command(i: int) -> Command:
+def command_event(i: int) -> Command:
     return Command(
         group_id=f"b{i % STREAMS}",
         generation_index=0,
@@ -62,42 +62,56 @@ def _command(i: int) -> Command:
     )
 
 
-def _block(log: EventLog, commands: int, versions: dict[str, int], fenced: bool, at: int) -> float:
-    """Median latency (s) of `commands` one-event appends, all with the epoch assertion or all
-    without it; `at` numbers the commands so every block cycles through the same streams."""
-    fence = [AppendRequest(EPOCH_STREAM, [], 0)]
-    latencies: list[int] = []
-    for i in range(at, at + commands):
-        stream = f"group/b{i % STREAMS}"
-        known = versions.get(stream)
-        request = AppendRequest(stream, [_command(i)], NO_STREAM if known is None else known)
-        started = time.perf_counter_ns()
-        (*_, result) = log.append_batch([*fence, request] if fenced else [request])
-        latencies.append(time.perf_counter_ns() - started)
-        versions[stream] = result.versions[-1]
-    return statistics.median(latencies) / 1e9
+Step = Callable[[int, bool], int]
+"""One command: its number, and whether it carries what is measured (B) or not (A); returns
+its latency in ns. Numbering the commands lets every block cycle through the same streams."""
 
 
-def _rounds(log: EventLog, block: int, rounds: int) -> list[dict[str, float]]:
-    """Each round's four block medians (s): {"U", "F", "U2", "F2"}, in ABAB order, the
-    opening kind alternating per round."""
-    versions: dict[str, int] = {}
+def _block(step: Step, commands: int, b: bool, at: int) -> float:
+    """Median latency (s) of `commands` commands, all of one kind."""
+    return statistics.median(step(i, b) for i in range(at, at + commands)) / 1e9
+
+
+def rounds_of(
+    step: Step, block: int, rounds: int, labels: tuple[str, str] = ("U", "F")
+) -> list[dict[str, float]]:
+    """Each round's four block medians (s), keyed A, B, A2, B2 by `labels` (without, with),
+    in ABAB order, the opening kind alternating per round."""
+    a, b = labels
     at = 0
-    for fenced in (True, False):  # warm up both paths
-        _block(log, min(block, 200), versions, fenced, at)
+    for kind in (True, False):  # warm up both paths
+        _block(step, min(block, 200), kind, at)
         at += min(block, 200)
     out: list[dict[str, float]] = []
     for r in range(rounds):
-        first, second = ("U", "F") if r % 2 == 0 else ("F", "U")
+        first, second = (a, b) if r % 2 == 0 else (b, a)
         got: dict[str, float] = {}
         for name in (first, second, first + "2", second + "2"):
-            got[name] = _block(log, block, versions, name.startswith("F"), at)
+            got[name] = _block(step, block, name.startswith(b), at)
             at += block
         out.append(got)
     return out
 
 
-def _ledger_commands(log: EventLog, groups: int, offset: int) -> tuple[int, float]:
+def _fencing_step(log: EventLog) -> Step:
+    """One one-event append, with the epoch assertion (fenced) or without it."""
+    fence = [AppendRequest(EPOCH_STREAM, [], 0)]
+    versions: dict[str, int] = {}
+
+    def step(i: int, fenced: bool) -> int:
+        stream = f"group/b{i % STREAMS}"
+        known = versions.get(stream)
+        request = AppendRequest(stream, [command_event(i)], NO_STREAM if known is None else known)
+        started = time.perf_counter_ns()
+        (*_, result) = log.append_batch([*fence, request] if fenced else [request])
+        latency = time.perf_counter_ns() - started
+        versions[stream] = result.versions[-1]
+        return latency
+
+    return step
+
+
+def ledger_commands(log: EventLog, groups: int, offset: int) -> tuple[int, float]:
     """The real thing: reserve, dispatch and fail each group's sibling (fold, fence, append)."""
     ledger = RecoveryLedger.open(log, InMemoryDataPlane())
     barrier = MutationBarrier()
@@ -129,17 +143,22 @@ def _ledger_commands(log: EventLog, groups: int, offset: int) -> tuple[int, floa
     return n, time.perf_counter() - started
 
 
-def contrasts(rounds: Sequence[dict[str, float]]) -> tuple[list[float], list[float]]:
+def contrasts(
+    rounds: Sequence[dict[str, float]], labels: tuple[str, str] = ("U", "F")
+) -> tuple[list[float], list[float]]:
     """Per round: the fenced - unfenced difference (F + F' - U - U') / 2 and the A-vs-A
     contrast (U' - U + F - F') / 2, from its four block figures. A steady drift adds +-drift
     to the difference (the sign follows the round's opening, so it cancels over two rounds)
     and nothing to the A-vs-A contrast."""
-    deltas = [(r["F"] + r["F2"] - r["U"] - r["U2"]) / 2 for r in rounds]
-    aa = [(r["U2"] - r["U"] + r["F"] - r["F2"]) / 2 for r in rounds]
+    a, b = labels
+    deltas = [(r[b] + r[b + "2"] - r[a] - r[a + "2"]) / 2 for r in rounds]
+    aa = [(r[a + "2"] - r[a] + r[b] - r[b + "2"]) / 2 for r in rounds]
     return deltas, aa
 
 
-def cell_target(r: dict[str, Any]) -> dict[str, Any]:
+def cell_target(
+    r: dict[str, Any], what: str = "ledger command fenced vs unfenced"
+) -> dict[str, Any]:
     """The cell's verdict: PASS when the difference is within the A-vs-A noise floor or below
     THRESHOLD of a ledger command, on the command-ratio scale (fenced / unfenced command)."""
     allowance = max(r["noise_floor_us"], THRESHOLD * r["ledger_us_per_command"])
@@ -153,7 +172,7 @@ def cell_target(r: dict[str, Any]) -> dict[str, Any]:
     need = 1 + allowance / r["ledger_us_per_command"]
     return (
         verdict(
-            f"ledger command fenced vs unfenced, {r['backend']} {r['durability']} ({why})",
+            f"{what}, {r['backend']} {r['durability']} ({why})",
             1 + r["delta_us"] / r["ledger_us_per_command"],
             need,
             r["command_ratio_each"],
@@ -171,9 +190,9 @@ def cells(
     with EventLog.open(target, durability=durability) as log:  # type: ignore[arg-type]
         if log.stream_version(EPOCH_STREAM) is None:
             log.append(EPOCH_STREAM, [ControllerEpochStarted(epoch=1, reason="bench")], NO_STREAM)
-        got = _rounds(log, block, rounds)
+        got = rounds_of(_fencing_step(log), block, rounds)
         # the real ledger keeps its own epoch: it takes one when it opens (after the above)
-        ledger_runs = [_ledger_commands(log, max(block // 2, 20), r * 100_000) for r in range(3)]
+        ledger_runs = [ledger_commands(log, max(block // 2, 20), r * 100_000) for r in range(3)]
     us = [{k: v * 1e6 for k, v in r.items()} for r in got]
     deltas, aa = contrasts(us)
     delta_us = round(statistics.median(deltas), 1)
