@@ -31,6 +31,7 @@ from eventlog.store import migrate, runs
 from eventlog.store.base import (
     EXPECT_ANY,
     EXPECT_NO_STREAM,
+    PayloadRow,
     PreparedEvent,
     PreparedRequest,
     RecordRow,
@@ -284,6 +285,13 @@ class EventLog:
         type, schema, recorded_at, payload, chain): for whole-log audits that build no
         object per record."""
         return self._store.read_rows(from_seq, until_seq, streams, types)
+
+    def read_payloads(
+        self, from_seq: int = 1, until_seq: int | None = None
+    ) -> Iterator[PayloadRow]:
+        """(seq, type, schema, recorded_at, payload) of each record, in seq order, checked:
+        for whole-log audits that read only these."""
+        return self._store.read_payloads(from_seq, self.head() if until_seq is None else until_seq)
 
     def counts(self, until_seq: int | None = None) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of the records up to `until_seq` (the

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -60,6 +60,10 @@ _BY_ID_SQL = (
 _NO_VERSION_LIMIT = 2**62
 _SELECT_RECORDS = (
     "SELECT seq, stream, version, event_id, type, schema, recorded_at, payload, chain FROM events"
+)
+_SELECT_PAYLOADS = (
+    "SELECT seq, type, schema, recorded_at, payload FROM events"
+    " WHERE seq >= {m} AND seq <= {m} ORDER BY seq LIMIT {m}"
 )
 _SEQ_FROM = "seq >= {m}"
 _SEQ_UNTIL = "seq <= {m}"
@@ -430,7 +434,13 @@ class SqlStore:
         with translating(self.target), self._read_engine.connect() as conn:
             yield conn
 
-    def _fetch(self, sql: str, params: Sequence[Any], from_seq: int) -> list[RecordRow]:
+    def _fetch(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        from_seq: int,
+        check: Callable[[Sequence[Any]], Any] | None = None,
+    ) -> list[Any]:
         """One page of checked record rows; a value the driver cannot even read is named by
         its seq. The page is read on the driver's own cursor: SQLAlchemy's Row objects and
         statement compilation cost more per record than the read itself."""
@@ -444,7 +454,7 @@ class SqlStore:
                     rows = cursor.fetchall()
                 finally:
                     cursor.close()
-            return [_checked(row) for row in rows]
+            return [(check or _checked)(row) for row in rows]
         except EventLogError:
             raise
         except Exception as exc:
@@ -581,6 +591,23 @@ class SqlStore:
                 return
             next_seq = page[-1][0] + 1
 
+    def read_payloads(
+        self, from_seq: int, until_seq: int, page_size: int = 1000
+    ) -> Iterator[PayloadRow]:
+        """(seq, type, schema, recorded_at, payload) of the records in from_seq..until_seq,
+        in seq order, checked: what a whole-log audit decodes, without the columns it does
+        not read (a third fewer values for the driver to build per record)."""
+        _check_seq("from_seq", from_seq)
+        _check_seq("until_seq", until_seq)
+        sql = self._sql(_SELECT_PAYLOADS)
+        next_seq = max(from_seq, 1)
+        while True:
+            page = self._fetch(sql, [next_seq, until_seq, page_size], next_seq, _checked_payload)
+            yield from page
+            if len(page) < page_size:
+                return
+            next_seq = page[-1][0] + 1
+
     def counts(self, until_seq: int) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of every record up to `until_seq`, in
         one aggregate query: counting needs no record in Python."""
@@ -589,15 +616,7 @@ class SqlStore:
             f"SELECT type, {self.dialect.stream_kind}, count(*), min(seq) FROM events "
             "WHERE seq <= {m} GROUP BY 1, 2"
         )
-        with self._reading() as conn:
-            dbapi = conn.connection.dbapi_connection
-            assert dbapi is not None
-            cursor = dbapi.cursor()
-            try:
-                cursor.execute(sql, [until_seq])
-                found = cursor.fetchall()
-            finally:
-                cursor.close()
+        found = self._fetch(sql, [until_seq], 1, tuple)  # a value the driver cannot read is named
         return [(str(t), str(k), int(n), int(first)) for t, k, n, first in found]
 
     def last_seq(self, types: Sequence[str] | None = None, stream_prefix: str | None = None) -> int:
@@ -831,6 +850,34 @@ def _checked(row: Sequence[Any]) -> RecordRow:
         bytes(payload),
         bytes(link),
     )
+
+
+PayloadRow = tuple[int, str, int, int, bytes]
+"""seq, type, schema, recorded_at, payload of a record (`read_payloads`)."""
+
+
+def _checked_payload(row: Sequence[Any]) -> PayloadRow:
+    """`_checked` for the columns of `read_payloads`."""
+    seq, type_name, schema, recorded_at, payload = row
+    if (
+        type(seq) is int
+        and type(type_name) is str
+        and type(schema) is int
+        and type(recorded_at) is int
+        and type(payload) is bytes
+        and type(row) is tuple
+    ):
+        return row
+    for column, value, expected in (
+        ("seq", seq, int),
+        ("type", type_name, str),
+        ("schema", schema, int),
+        ("recorded_at", recorded_at, int),
+        ("payload", payload, _BINARY),
+    ):
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise _damaged(seq, column, value)
+    return (seq, type_name, schema, recorded_at, bytes(payload))
 
 
 def _to_record(row: RecordRow) -> Record:

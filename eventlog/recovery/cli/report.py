@@ -105,7 +105,7 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
     rate = pic.rate
     last_bin = RATE_BINS - 1
     with seq_progress("report", 1, head) as advance:
-        for seq, _, _, _, type_name, schema, at, payload, _ in log.read_rows(1, head):
+        for seq, type_name, schema, at, payload in log.read_payloads(1, head):
             advance(seq)
             rate[max(min((at - first) * RATE_BINS // span, last_bin), 0)] += 1
             ev = stats_event(type_name, schema, payload, seq)

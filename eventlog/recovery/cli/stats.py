@@ -39,7 +39,7 @@ class RecoverySection:
         frequent ones as views of the fields it reads)."""
         state, seen = self._state, self._types
         with seq_progress("stats", 1, head) as advance:
-            for seq, _, _, _, type_name, schema, at, payload, _ in log.read_rows(1, head):
+            for seq, type_name, schema, at, payload in log.read_payloads(1, head):
                 advance(seq)
                 seen.add(type_name)
                 fold_event(state, seq, at, stats_event(type_name, schema, payload, seq))
