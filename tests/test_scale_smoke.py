@@ -16,8 +16,12 @@ from bench import scale
 
 pytestmark = [pytest.mark.slow, pytest.mark.tq]
 
+# Three steps: the run is stopped once checkpoint 1 is committed and a sibling sealed after
+# it; with two, the lookahead step could seal all its siblings before checkpoint 1 landed
+# (seen since training no longer blocks the loop), the first controller finished the run, and
+# the second had nothing to redo.
 TOY = scale.Shape(
-    groups=4, siblings=2, steps=2, actors=2, slots=4, max_tokens=4, tokens_per_s=400.0
+    groups=6, siblings=2, steps=3, actors=2, slots=4, max_tokens=4, tokens_per_s=400.0
 )
 
 
