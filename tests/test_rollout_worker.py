@@ -29,7 +29,7 @@ from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.sampling import SampleDelta, Sampling
 from eventlog.rollout.worker import RolloutWorker, staging_key
 from tests.fixtures.tq import ClearableDataPlane
-from tests.fixtures.vllm import VllmSession
+from tests.fixtures.vllm import VllmSession, stream_types
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -58,13 +58,6 @@ class Deltas:
             self.stream_at_first_token[key] = stream_types(self.log, rollout_id)
         self.tokens[key].extend(delta.token_ids)
         self.logprobs[key].extend(delta.logprobs)
-
-
-def stream_types(log: EventLog, rollout_id: str) -> list[str]:
-    """The attempt stream's record types; GenerationProgress aside (written when a call runs
-    long, as a slow CI machine may: tests/test_rollout_progress.py pins it)."""
-    records = log.read_stream(attempt_stream(rollout_id))
-    return [r.type for r in records if r.type != "GenerationProgress"]
 
 
 def sampling(seed: int, n: int = 1) -> Sampling:
