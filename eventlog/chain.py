@@ -42,4 +42,19 @@ def link_fields(previous: bytes, fields: Fields) -> bytes:
     return _sha256(previous + _encode(fields)).digest()
 
 
+Row = tuple[int, str, int, bytes, str, int, int, bytes, bytes]
+"""A record's fields followed by its chain value: an events row in column order."""
+
+
+def link_rows(previous: bytes, fields: list[Fields], rows: list[Row]) -> bytes:
+    """Append each record's row (its fields, then its chain value) to `rows`, each linked to
+    the one before, starting from `previous`; return the last chain value (the writer's
+    hot loop: one call per request, not one per event)."""
+    encode, sha256, append = _encode, _sha256, rows.append
+    for record in fields:
+        previous = sha256(previous + encode(record)).digest()
+        append((*record, previous))
+    return previous
+
+
 _sha256 = hashlib.sha256

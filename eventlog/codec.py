@@ -45,11 +45,13 @@ def encode(event: Event) -> tuple[str, int, bytes]:
     never stores a record it cannot read back, for about a microsecond per event.
     """
     cls = type(event)
-    name = cls.__struct_config__.tag
-    assert isinstance(name, str)
+    known = _encodings.get(cls)
+    if known is None:
+        known = _encoding(cls)
+    name, schema, check = known
     try:
-        payload = _encoder.encode(event)
-        _decoder_for(cls).decode(payload)
+        payload = _encode(event)
+        check(payload)
     except (
         msgspec.ValidationError,
         msgspec.EncodeError,
@@ -58,7 +60,20 @@ def encode(event: Event) -> tuple[str, int, bytes]:
         UnicodeEncodeError,  # a lone surrogate in a string field
     ) as exc:
         raise InvalidEventError(f"{name}: {exc}") from exc
-    return name, cls.schema, payload
+    return name, schema, payload
+
+
+def _encoding(cls: type[Event]) -> tuple[str, int, Callable[[bytes], Any]]:
+    name = cls.__struct_config__.tag
+    assert isinstance(name, str)
+    known = _encodings[cls] = (name, cls.schema, _decoder_for(cls).decode)
+    return known
+
+
+_encode = _encoder.encode
+_encodings: dict[type[Event], tuple[str, int, Callable[[bytes], Any]]] = {}
+"""Per event class: its type name, schema and validating decoder (looked up once, not per
+event: an append encodes every event through here)."""
 
 
 def _decoder_for(cls: type[Event]) -> msgspec.msgpack.Decoder[Any]:

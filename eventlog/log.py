@@ -182,39 +182,50 @@ class EventLog:
             raise LogClosedError("the log is closed")
         prepared: Submission = []
         encode = codec.encode
+        new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python call per event
         for request in requests:
-            _check_stream(request.stream)
+            stream = request.stream
+            if (
+                stream.__class__ is not str
+                or not 0 < len(stream) <= MAX_STREAM_LENGTH
+                or not stream.isprintable()  # (a NUL is not printable)
+            ):
+                _check_stream(stream)
             expected = request.expected_version
-            if isinstance(expected, StreamState):
+            if expected.__class__ is int and expected >= 0:
+                code = expected
+            elif isinstance(expected, StreamState):
                 code = EXPECT_NO_STREAM if expected is NO_STREAM else EXPECT_ANY
             elif isinstance(expected, int) and expected >= 0:
                 code = int(expected)
             else:
                 raise InvalidEventError(
-                    f"stream {request.stream!r}: expected_version must be NO_STREAM, ANY or a "
+                    f"stream {stream!r}: expected_version must be NO_STREAM, ANY or a "
                     f"version >= 0, found {expected!r}"
                 )
             items: list[PreparedEvent] = []
             chosen = False
             for index, item in enumerate(request.events):
-                if isinstance(item, Proposed):
+                if isinstance(item, Event):
+                    event, event_id = item, None
+                elif isinstance(item, Proposed):
                     event, event_id = item.event, item.event_id
                     chosen = True
+                    if not isinstance(event, Event):
+                        raise InvalidEventError(
+                            f"stream {stream!r}: item {index} is a "
+                            f"{type(event).__name__}, not an Event"
+                        )
                 else:
-                    event, event_id = item, None
-                if not isinstance(event, Event):
                     raise InvalidEventError(
-                        f"stream {request.stream!r}: item {index} is a "
-                        f"{type(event).__name__}, not an Event"
+                        f"stream {stream!r}: item {index} is a {type(item).__name__}, not an Event"
                     )
                 try:
                     type_name, schema, payload = encode(event)
                 except InvalidEventError as exc:
-                    raise InvalidEventError(
-                        f"stream {request.stream!r}: item {index}: {exc}"
-                    ) from exc
-                items.append(PreparedEvent(type_name, schema, payload, event_id))
-            prepared.append(PreparedRequest(request.stream, code, tuple(items), chosen))
+                    raise InvalidEventError(f"stream {stream!r}: item {index}: {exc}") from exc
+                items.append(new_tuple(PreparedEvent, (type_name, schema, payload, event_id)))
+            prepared.append(new_tuple(PreparedRequest, (stream, code, tuple(items), chosen)))
         return prepared
 
     # -- reading ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from eventlog.ids import new_event_id
+from eventlog.ids import mint_event_ids, new_event_id
 
 
 def test_minted_ids_are_uuid7_equal_to_their_parsed_form_and_strictly_increasing() -> None:
@@ -34,3 +34,18 @@ def test_a_forked_child_mints_ids_its_parent_does_not() -> None:
     parent = {new_event_id().bytes[8:] for _ in range(64)}
     # The random tails (bytes 8..15) of the two processes' ids never meet.
     assert len(child) == 64 and not child & parent
+
+
+def test_ids_minted_in_one_go_are_uuid7_increasing_and_carry_their_own_bytes() -> None:
+    """A writer mints a whole submission's ids at once, past the 4096 a millisecond's counter
+    holds: each id still follows the one before (and the single ids minted around them), and
+    the bytes beside it are its own (they are what the row stores)."""
+    before = new_event_id()
+    ids, raw = mint_event_ids(10_000)
+    after = new_event_id()
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert [i.bytes for i in ids] == raw
+    assert all(uuid.UUID(bytes=b) == i for b, i in zip(raw, ids, strict=True))
+    minted = [before, *ids, after]
+    assert minted == sorted(minted) and len(set(minted)) == len(minted)
+    assert mint_event_ids(0) == ([], [])

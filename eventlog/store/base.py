@@ -31,7 +31,7 @@ from eventlog.errors import (
     StorageDamagedError,
     StorageUnavailableError,
 )
-from eventlog.ids import new_event_ids, uuid_from_bytes
+from eventlog.ids import mint_event_ids, new_event_ids, uuid_from_bytes
 from eventlog.records import AppendResult, Record
 from eventlog.store.errors import translate, translating
 from eventlog.store.tables import events, log_meta, snapshots
@@ -346,45 +346,63 @@ class SqlStore:
         supplied: set[bytes] = set()
         head, last_chain, known = batch.head, batch.last_chain, batch.versions
         recorded_at = time.time_ns()
-        link = chain.link_fields
-        minted = new_event_ids(sum(len(r.events) for r in submission if not r.chosen))
+        link_rows = chain.link_rows
+        minted, minted_bytes = mint_event_ids(
+            sum([len(r.events) for r in submission if not r.chosen])
+        )
         taken = 0
         try:
             for request in submission:
-                stream, events = request.stream, request.events
-                if request.chosen:
+                stream, expected, events, chosen = request
+                if chosen:
                     retried = self._retried(batch, request)
                     if retried is not None:
                         results.append(retried)
                         continue
                 current = versions[stream] if stream in versions else known.get(stream)
-                if request.expected != EXPECT_ANY:
-                    _check_expected(stream, request.expected, current)
-                if request.chosen:
+                if expected != EXPECT_ANY:
+                    _check_expected(stream, expected, current)
+                count = len(events)
+                if chosen:
                     ids = _chosen_ids(request, supplied)
+                    id_bytes = [event_id.bytes for event_id in ids]
                 else:
-                    ids = minted[taken : taken + len(events)]
-                    taken += len(events)
+                    ids = minted[taken : taken + count]
+                    id_bytes = minted_bytes[taken : taken + count]
+                    taken += count
                 first_seq, first_version = head + 1, 0 if current is None else current + 1
-                version = first_version
-                for event, event_id in zip(events, ids, strict=True):
-                    head += 1
-                    fields = (
-                        head,
-                        stream,
-                        version,
-                        event_id.bytes,
-                        event.type,
-                        event.schema,
-                        recorded_at,
-                        event.payload,
-                    )
-                    last_chain = link(last_chain, fields)
-                    rows.append((*fields, last_chain))
-                    version += 1
-                versions[stream] = version - 1 if events else current
-                seqs = list(range(first_seq, head + 1))
-                results.append(AppendResult(stream, seqs, list(range(first_version, version)), ids))
+                # The canonical fields of each record (chain order), then one call links them.
+                last_chain = link_rows(
+                    last_chain,
+                    [
+                        (
+                            first_seq + i,
+                            stream,
+                            first_version + i,
+                            key,
+                            type_name,
+                            schema,
+                            recorded_at,
+                            payload,
+                        )
+                        for i, ((type_name, schema, payload, _), key) in enumerate(
+                            zip(events, id_bytes, strict=True)
+                        )
+                    ],
+                    rows,
+                )
+                head += count
+                if count == 1:  # the common request: one event (no range to walk)
+                    results.append(AppendResult(stream, [first_seq], [first_version], ids))
+                    versions[stream] = first_version
+                elif count:
+                    versions[stream] = first_version + count - 1
+                    seqs = list(range(first_seq, head + 1))
+                    span = list(range(first_version, first_version + count))
+                    results.append(AppendResult(stream, seqs, span, ids))
+                else:
+                    versions[stream] = current
+                    results.append(AppendResult(stream, [], [], ids))
         except EventLogError as exc:
             return exc
         batch.head, batch.last_chain = head, last_chain
