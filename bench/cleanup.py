@@ -18,36 +18,26 @@ drives it (here it is what is *added* to the command that is measured).
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch
+from bench.common import RESULTS_DIR, Results
 from bench.fencing import (
     STREAMS,
     Step,
-    cell_target,
+    ab_row,
     command_event,
-    contrasts,
     ledger_commands,
     rounds_of,
+    run_ab,
 )
-from bench.pg import PgUnavailable, pg_server
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.records import NO_STREAM, AppendRequest
 from eventlog.recovery.vocabulary import ClearedKey, StagingCleared
 
-BLOCK = 400
-QUICK_BLOCK = 100
-ROUNDS = 8
-QUICK_ROUNDS = 2
 SIBLINGS = 2
 CALLS = 2
 STAGING = "rollout_staging"
@@ -95,104 +85,21 @@ def cells(
     with EventLog.open(target, durability=durability) as log:  # type: ignore[arg-type]
         got = rounds_of(cleanup_step(log, InMemoryDataPlane()), block, rounds, LABELS)
         ledger_runs = [ledger_commands(log, max(block // 2, 20), r * 100_000) for r in range(3)]
-    us = [{k: v * 1e6 for k, v in r.items()} for r in got]
-    deltas, aa = contrasts(us, LABELS)
-    delta_us = round(statistics.median(deltas), 1)
-    noise_us = round(statistics.median(abs(a) for a in aa), 1)
-    ledger_us = statistics.median(s / n for n, s in ledger_runs) * 1e6
-    keep, clean = LABELS
-    return [
-        {
-            "benchmark": "cleanup",
-            "backend": backend,
-            "durability": durability,
-            "block": block,
-            "rounds": rounds,
-            "rows_per_command": SIBLINGS * CALLS,
-            "clean_us_per_command": round(
-                statistics.median(x for r in us for x in (r[clean], r[clean + "2"])), 1
-            ),
-            "keep_us_per_command": round(
-                statistics.median(x for r in us for x in (r[keep], r[keep + "2"])), 1
-            ),
-            "blocks_us": [{k: round(v, 1) for k, v in r.items()} for r in us],
-            "delta_us": delta_us,
-            "delta_each_us": [round(d, 1) for d in deltas],
-            "aa_each_us": [round(a, 1) for a in aa],
-            "noise_floor_us": noise_us,
-            "ledger_us_per_command": round(ledger_us, 1),
-            "delta_share_of_ledger_command": round(delta_us / ledger_us, 4),
-            "command_ratio": round(1 + delta_us / ledger_us, 4),
-            "command_ratio_each": [round(1 + d / ledger_us, 4) for d in deltas],
-        }
-    ]
+    cell = {"backend": backend, "durability": durability, "block": block, "rounds": rounds}
+    cell["rows_per_command"] = SIBLINGS * CALLS
+    return [ab_row("cleanup", got, ledger_runs, LABELS, LABELS, **cell)]
 
 
-def table(rows: Sequence[dict[str, Any]]) -> Table:
-    out = Table(title="cleanup: cost per finalize command (median µs)", title_justify="left")
-    for name in (
-        "backend",
-        "durability",
-        "clean µs",
-        "keep µs",
-        "Δ µs (per round)",
-        "A-vs-A noise µs",
-        "ledger command µs",
-        "Δ share of command",
-    ):
-        out.add_column(name, justify="left" if name == "backend" else "right")
-    for r in rows:
-        out.add_row(
-            r["backend"],
-            r["durability"],
-            f"{r['clean_us_per_command']:,.1f}",
-            f"{r['keep_us_per_command']:,.1f}",
-            f"{r['delta_us']:+.1f} ({min(r['delta_each_us']):+.1f}…{max(r['delta_each_us']):+.1f})",
-            f"{r['noise_floor_us']:.1f}",
-            f"{r['ledger_us_per_command']:,.1f}",
-            f"{r['delta_share_of_ledger_command']:+.2%}",
-        )
-    return out
-
-
-def run(
-    *,
-    quick: bool = False,
-    repeats: int | None = None,
-    scale: float | None = None,
-    backends: Sequence[str] = ("sqlite", "postgresql"),
-    out_dir: Path | None = None,
-    workdir: Path | None = None,
-    console: Console | None = None,
-    **_: Any,
-) -> Results:
-    """Interleave clean and keep blocks on each backend; write <out_dir>/cleanup.json.
-
-    `repeats` is the number of rounds; `scale` scales the block size."""
-    console = console or Console()
-    rounds = repeats if repeats is not None else (QUICK_ROUNDS if quick else ROUNDS)
-    block = max(int((QUICK_BLOCK if quick else BLOCK) * (scale or 1.0)), 10)
-    with scratch(workdir, "eventlog-bench-cleanup-") as work:
-        results = Results("cleanup", machine(work, {"rounds": rounds, "block": block}))
-        rows: list[dict[str, Any]] = []
-        if "sqlite" in backends:
-            for durability in ("full", "normal"):
-                target = str(work / f"cleanup-{durability}.db")
-                rows += cells(target, "sqlite", durability, block, rounds)
-        if "postgresql" in backends:
-            try:
-                with pg_server() as server:
-                    rows += cells(server.url(), "postgresql", "full", block, rounds)
-            except PgUnavailable as exc:
-                console.print(f"[yellow]PostgreSQL skipped: {exc}[/]")
-    results.rows = rows
-    results.targets = [cell_target(r, "finalize command with vs without cleanup") for r in rows]
-    console.print(table(rows))
-    print_targets(console, results.targets, ".4f")
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
-    return results
+def run(**options: Any) -> Results:
+    """Interleave clean and keep blocks on each backend; write <out_dir>/cleanup.json."""
+    return run_ab(
+        "cleanup",
+        cells,
+        title="cleanup: cost per finalize command (median µs)",
+        names=LABELS,
+        what="finalize command with vs without cleanup",
+        **options,
+    )
 
 
 if __name__ == "__main__":

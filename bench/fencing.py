@@ -184,6 +184,50 @@ def cell_target(
     )
 
 
+Cells = Callable[[str, str, str, int, int], list[dict[str, Any]]]
+"""A benchmark's cells on one log: (target, backend, durability, block, rounds) -> rows."""
+
+
+def ab_row(
+    benchmark: str,
+    got: Sequence[dict[str, float]],
+    ledger_runs: Sequence[tuple[int, float]],
+    labels: tuple[str, str],
+    names: tuple[str, str],
+    **cell: Any,
+) -> dict[str, Any]:
+    """One cell's row from its rounds (block medians in s, keyed by `labels`: without, with)
+    and the real ledger commands timed beside them; `names` name the two kinds in the row."""
+    us = [{k: v * 1e6 for k, v in r.items()} for r in got]
+    deltas, aa = contrasts(us, labels)
+    delta_us = round(statistics.median(deltas), 1)
+    noise_us = round(statistics.median(abs(a) for a in aa), 1)
+    ledger_us = statistics.median(s / n for n, s in ledger_runs) * 1e6
+    per_kind = {
+        f"{name}_us_per_command": round(
+            statistics.median(x for r in us for x in (r[label], r[label + "2"])), 1
+        )
+        for name, label in zip(reversed(names), reversed(labels), strict=True)
+    }
+    return {
+        "benchmark": benchmark,
+        **cell,
+        **per_kind,
+        "blocks_us": [{k: round(v, 1) for k, v in r.items()} for r in us],
+        "delta_us": delta_us,
+        "delta_each_us": [round(d, 1) for d in deltas],
+        "aa_each_us": [round(a, 1) for a in aa],
+        "noise_floor_us": noise_us,
+        "ledger_us_per_command": round(ledger_us, 1),
+        "delta_share_of_ledger_command": round(delta_us / ledger_us, 4),
+        "noise_share_of_ledger_command": round(noise_us / ledger_us, 4),
+        "command_ratio": round(1 + delta_us / ledger_us, 4),
+        "command_ratio_each": [round(1 + d / ledger_us, 4) for d in deltas],
+        "within_noise": delta_us <= noise_us,
+        "below_threshold": delta_us <= THRESHOLD * ledger_us,
+    }
+
+
 def cells(
     target: str, backend: str, durability: str, block: int, rounds: int
 ) -> list[dict[str, Any]]:
@@ -193,45 +237,19 @@ def cells(
         got = rounds_of(_fencing_step(log), block, rounds)
         # the real ledger keeps its own epoch: it takes one when it opens (after the above)
         ledger_runs = [ledger_commands(log, max(block // 2, 20), r * 100_000) for r in range(3)]
-    us = [{k: v * 1e6 for k, v in r.items()} for r in got]
-    deltas, aa = contrasts(us)
-    delta_us = round(statistics.median(deltas), 1)
-    noise_us = round(statistics.median(abs(a) for a in aa), 1)
-    ledger_us = statistics.median(s / n for n, s in ledger_runs) * 1e6
-    fenced_us = statistics.median(x for r in us for x in (r["F"], r["F2"]))
-    unfenced_us = statistics.median(x for r in us for x in (r["U"], r["U2"]))
-    return [
-        {
-            "benchmark": "fencing",
-            "backend": backend,
-            "durability": durability,
-            "block": block,
-            "rounds": rounds,
-            "fenced_us_per_command": round(fenced_us, 1),
-            "unfenced_us_per_command": round(unfenced_us, 1),
-            "blocks_us": [{k: round(v, 1) for k, v in r.items()} for r in us],
-            "delta_us": delta_us,
-            "delta_each_us": [round(d, 1) for d in deltas],
-            "aa_each_us": [round(a, 1) for a in aa],
-            "noise_floor_us": noise_us,
-            "ledger_us_per_command": round(ledger_us, 1),
-            "delta_share_of_ledger_command": round(delta_us / ledger_us, 4),
-            "noise_share_of_ledger_command": round(noise_us / ledger_us, 4),
-            "command_ratio": round(1 + delta_us / ledger_us, 4),
-            "command_ratio_each": [round(1 + d / ledger_us, 4) for d in deltas],
-            "within_noise": delta_us <= noise_us,
-            "below_threshold": delta_us <= THRESHOLD * ledger_us,
-        }
-    ]
+    cell = {"backend": backend, "durability": durability, "block": block, "rounds": rounds}
+    return [ab_row("fencing", got, ledger_runs, ("U", "F"), ("unfenced", "fenced"), **cell)]
 
 
-def table(rows: Sequence[dict[str, Any]]) -> Table:
-    out = Table(title="fencing: cost per command (median µs)", title_justify="left")
+def ab_table(title: str, names: tuple[str, str], rows: Sequence[dict[str, Any]]) -> Table:
+    """The cells as a table; `names` (without, with) name the two per-kind columns."""
+    without, with_ = names
+    out = Table(title=title, title_justify="left")
     for name in (
         "backend",
         "durability",
-        "fenced µs",
-        "unfenced µs",
+        f"{with_} µs",
+        f"{without} µs",
         "Δ µs (per round)",
         "A-vs-A noise µs",
         "ledger command µs",
@@ -242,8 +260,8 @@ def table(rows: Sequence[dict[str, Any]]) -> Table:
         out.add_row(
             r["backend"],
             r["durability"],
-            f"{r['fenced_us_per_command']:,.1f}",
-            f"{r['unfenced_us_per_command']:,.1f}",
+            f"{r[with_ + '_us_per_command']:,.1f}",
+            f"{r[without + '_us_per_command']:,.1f}",
             f"{r['delta_us']:+.1f} ({min(r['delta_each_us']):+.1f}…{max(r['delta_each_us']):+.1f})",
             f"{r['noise_floor_us']:.1f}",
             f"{r['ledger_us_per_command']:,.1f}",
@@ -252,8 +270,13 @@ def table(rows: Sequence[dict[str, Any]]) -> Table:
     return out
 
 
-def run(
+def run_ab(
+    benchmark: str,
+    cells: Cells,
     *,
+    title: str,
+    names: tuple[str, str],
+    what: str,
     quick: bool = False,
     repeats: int | None = None,
     scale: float | None = None,
@@ -261,20 +284,19 @@ def run(
     out_dir: Path | None = None,
     workdir: Path | None = None,
     console: Console | None = None,
-    **_: Any,
 ) -> Results:
-    """Interleave fenced and unfenced blocks on each backend; write <out_dir>/fencing.json.
+    """Run `cells` on SQLite FULL and NORMAL and PostgreSQL; write <out_dir>/<benchmark>.json.
 
     `repeats` is the number of rounds; `scale` scales the block size."""
     console = console or Console()
     rounds = repeats if repeats is not None else (QUICK_ROUNDS if quick else ROUNDS)
     block = max(int((QUICK_BLOCK if quick else BLOCK) * (scale or 1.0)), 10)
-    with scratch(workdir, "eventlog-bench-fencing-") as work:
-        results = Results("fencing", machine(work, {"rounds": rounds, "block": block}))
+    with scratch(workdir, f"eventlog-bench-{benchmark}-") as work:
+        results = Results(benchmark, machine(work, {"rounds": rounds, "block": block}))
         rows: list[dict[str, Any]] = []
         if "sqlite" in backends:
             for durability in ("full", "normal"):
-                target = str(work / f"fencing-{durability}.db")
+                target = str(work / f"{benchmark}-{durability}.db")
                 rows += cells(target, "sqlite", durability, block, rounds)
         if "postgresql" in backends:
             try:
@@ -283,13 +305,25 @@ def run(
             except PgUnavailable as exc:
                 console.print(f"[yellow]PostgreSQL skipped: {exc}[/]")
     results.rows = rows
-    results.targets = [cell_target(r) for r in rows]
-    console.print(table(rows))
+    results.targets = [cell_target(r, what) for r in rows]
+    console.print(ab_table(title, names, rows))
     print_targets(console, results.targets, ".4f")
     if out_dir is not None:
         for path in results.write(out_dir):
             console.print(f"wrote {path}")
     return results
+
+
+def run(**options: Any) -> Results:
+    """Interleave fenced and unfenced blocks on each backend; write <out_dir>/fencing.json."""
+    return run_ab(
+        "fencing",
+        cells,
+        title="fencing: cost per command (median µs)",
+        names=("unfenced", "fenced"),
+        what="ledger command fenced vs unfenced",
+        **options,
+    )
 
 
 if __name__ == "__main__":
