@@ -6,16 +6,28 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 from rich.console import Console
 
-from bench import fencing
+from bench import cleanup, fencing
 
 
-def test_quick_fencing_benchmark_compares_fenced_and_unfenced_commands(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("bench", "labels", "title"),
+    [
+        (fencing, ("U", "F"), "fencing: cost per command"),
+        (cleanup, cleanup.LABELS, "cleanup: cost per finalize command"),
+    ],
+    ids=["fencing", "cleanup"],
+)
+def test_quick_ab_benchmark_compares_commands_with_and_without_what_it_measures(
+    tmp_path: Path, bench: ModuleType, labels: tuple[str, str], title: str
+) -> None:
     out = tmp_path / "out"
     output = io.StringIO()
-    results = fencing.run(
+    results = bench.run(
         quick=True,
         repeats=2,
         scale=0.2,
@@ -24,26 +36,27 @@ def test_quick_fencing_benchmark_compares_fenced_and_unfenced_commands(tmp_path:
         workdir=tmp_path / "work",
         console=Console(file=output, width=200),
     )
-    rows = json.loads((out / "fencing.json").read_text())
+    rows = json.loads((out / f"{bench.__name__.split('.')[-1]}.json").read_text())
     assert rows == results.rows
     assert [(r["backend"], r["durability"]) for r in rows] == [
         ("sqlite", "full"),
         ("sqlite", "normal"),
     ]
+    a, b = labels
     for row in rows:
         assert row["rounds"] == 2
-        # ABAB, the opening alternating per round: U F U F, then F U F U
-        assert [list(b) for b in row["blocks_us"]] == [
-            ["U", "F", "U2", "F2"],
-            ["F", "U", "F2", "U2"],
+        # ABAB, the opening alternating per round: A B A B, then B A B A
+        assert [list(blocks) for blocks in row["blocks_us"]] == [
+            [a, b, a + "2", b + "2"],
+            [b, a, b + "2", a + "2"],
         ]
-        assert all(v > 0 for b in row["blocks_us"] for v in b.values())
+        assert all(v > 0 for blocks in row["blocks_us"] for v in blocks.values())
         assert len(row["delta_each_us"]) == len(row["aa_each_us"]) == 2
         assert row["noise_floor_us"] >= 0 and row["ledger_us_per_command"] > 0
     for row, target in zip(rows, results.targets, strict=True):
         allowed = max(row["noise_floor_us"], fencing.THRESHOLD * row["ledger_us_per_command"])
         assert target["status"] == ("PASS" if row["delta_us"] <= allowed else "MISS")
-    assert "fencing: cost per command" in output.getvalue()
+    assert title in output.getvalue()
     assert "A-vs-A" in output.getvalue()
 
 
