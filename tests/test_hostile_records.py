@@ -147,10 +147,15 @@ def test_a_lone_surrogate_in_a_field_is_refused_naming_the_item(log_target: str)
         assert log.head() == 0
 
 
+# The wrong storage types of the columns `read_payloads` reads (a payload still stored as a
+# BLOB is only found by decoding it).
+PAYLOAD_EDITS = [
+    e for e in EDITS if e[0] in ("payload", "recorded_at", "schema") and "||" not in e[1]
+]
+
+
 @pytest.mark.parametrize(
-    ("column", "edit", "named"),
-    [e for e in EDITS if e[0] in ("payload", "recorded_at", "schema")],
-    ids=[e[1] for e in EDITS if e[0] in ("payload", "recorded_at", "schema")],
+    ("column", "edit", "named"), PAYLOAD_EDITS, ids=[e[1] for e in PAYLOAD_EDITS]
 )
 def test_the_payload_read_of_audits_raises_damaged_record_error_with_the_seq(
     tmp_path: Path, column: str, edit: str, named: str
@@ -158,8 +163,6 @@ def test_the_payload_read_of_audits_raises_damaged_record_error_with_the_seq(
     path = tmp_path / "log.db"
     _tampered(path, edit)
     with EventLog.open(path) as log:
-        if column == "payload" and "||" in edit:
-            pytest.skip("still a BLOB: only decoding it finds the damage")
         with pytest.raises(DamagedRecordError) as caught:
             list(log.read_payloads())
         assert (caught.value.seq, caught.value.column) == (BAD_SEQ, column)
