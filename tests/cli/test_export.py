@@ -7,6 +7,7 @@ import csv
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -83,7 +84,7 @@ def test_export_refuses_a_file_as_the_output_folder(run: AuditedRun, tmp_path: P
     assert "is a file" in result.stderr and "Traceback" not in result.stderr
 
 
-UNREADABLE = {
+UNREADABLE: dict[str, tuple[str, int, dict[str, Any], str]] = {
     "unknown type": ("CliVanished", 1, {"color": "red"}, '{"color":"red"}'),
     "newer schema": ("CliNote", 99, {"text": "v99", "n": 7}, '{"n":7,"text":"v99"}'),
     "payload of another type": (
