@@ -66,8 +66,10 @@ class GroupCommitWriter:
         try:
             if self._closed:  # checked under the leader lock, which `close` waits for
                 raise LogClosedError("the log is closed")
-            queued, _ = self._drain([], sum(len(r.events) for r in submission))
-            if not queued:  # alone: no future to build, settle and wait on
+            if self._queue.empty():  # alone: no future to build, settle and wait on
+                return self._commit_alone(submission)
+            queued, _ = self._drain([], sum([len(r.events) for r in submission]))
+            if not queued:
                 return self._commit_alone(submission)
             future: Future[Results] = Future()
             self._commit([(submission, future), *queued])
