@@ -296,7 +296,11 @@ class SqlStore:
         streams = {request.stream for submission in submissions for request in submission}
         known = self._known_versions
         missing = [stream for stream in streams if stream not in known]
-        version_reads = [self._query(dbapi, _VERSIONS_SQL, chunk) for chunk in _chunks(missing)]
+        version_reads = (
+            [self._query(dbapi, _VERSIONS_SQL, chunk) for chunk in _chunks(missing)]
+            if missing
+            else []
+        )
         supplied = [
             event.chosen.bytes
             for submission in submissions
@@ -305,7 +309,11 @@ class SqlStore:
             for event in request.events
             if event.chosen is not None
         ]
-        id_reads = [self._query(dbapi, _BY_ID_SQL, chunk) for chunk in _chunks(supplied)]
+        id_reads = (
+            [self._query(dbapi, _BY_ID_SQL, chunk) for chunk in _chunks(supplied)]
+            if supplied
+            else []
+        )
         last = tail.fetchone()
         head, last_chain = (last[0], bytes(last[1])) if last else (0, chain.GENESIS)
         versions: dict[str, int | None] = dict.fromkeys(missing)
