@@ -39,6 +39,7 @@ _UNKNOWN = uuid.SafeUUID.unknown
 _set_int = _UUID.__dict__["int"].__set__  # the slots' own setters: no lookup by name
 _set_safe = _UUID.__dict__["is_safe"].__set__
 _unpack_from = struct.unpack_from
+_from_bytes = int.from_bytes
 
 
 def new_event_id() -> uuid.UUID:
@@ -61,6 +62,30 @@ def mint_event_ids(count: int) -> tuple[list[uuid.UUID], list[bytes]]:
     if count <= 0:
         return [], []
     values: list[int] = []
+    if count == 1:  # one event per append: no format string, no comprehension
+        with _lock:
+            now = time.time_ns() // 1_000_000
+            if now > _last_ms:
+                _last_ms, _counter = now, 0
+            elif _counter < 0xFFF:
+                _counter += 1
+            else:  # counter exhausted: borrow the next millisecond
+                _last_ms, _counter = _last_ms + 1, 0
+            if _offset + 8 > len(_random):
+                _random, _offset = os.urandom(_RANDOM_CHUNK), 0
+            rand = _from_bytes(_random[_offset : _offset + 8], "big")
+            _offset += 8
+            value = (
+                (_last_ms & _TIME_MASK) << 80
+                | 0x7 << 76
+                | _counter << 64
+                | 0b10 << 62
+                | rand & _RAND_MASK
+            )
+        event_id: uuid.UUID = _new(_UUID)
+        _set_int(event_id, value)
+        _set_safe(event_id, _UNKNOWN)
+        return [event_id], [value.to_bytes(16, "big")]
     with _lock:
         need = 8 * count
         if _offset + need > len(_random):
@@ -78,9 +103,9 @@ def mint_event_ids(count: int) -> tuple[list[uuid.UUID], list[bytes]]:
                 ms += 1
                 counter = 0
             run = min(count - taken, 0x1000 - counter)
-            base = (ms & _TIME_MASK) << 80 | 0x7 << 76 | 0b10 << 62 | counter << 64
+            base = (ms & _TIME_MASK) << 80 | 0x7 << 76 | 0b10 << 62
             values += [
-                base | step << 64 | rand & _RAND_MASK
+                base | (counter + step) << 64 | rand & _RAND_MASK
                 for step, rand in enumerate(rands[taken : taken + run])
             ]
             taken += run
@@ -89,10 +114,10 @@ def mint_event_ids(count: int) -> tuple[list[uuid.UUID], list[bytes]]:
     # What uuid.UUID(int=value) stores, without re-checking a value built in range.
     minted: list[uuid.UUID] = []
     for value in values:
-        event_id: uuid.UUID = _new(_UUID)
-        _set_int(event_id, value)
-        _set_safe(event_id, _UNKNOWN)
-        minted.append(event_id)
+        minted_id: uuid.UUID = _new(_UUID)
+        _set_int(minted_id, value)
+        _set_safe(minted_id, _UNKNOWN)
+        minted.append(minted_id)
     return minted, [value.to_bytes(16, "big") for value in values]
 
 

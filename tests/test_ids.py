@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import types
 import uuid
 
 import pytest
 
+import eventlog.ids
 from eventlog.ids import mint_event_ids, new_event_id
 
 
@@ -49,3 +51,20 @@ def test_ids_minted_in_one_go_are_uuid7_increasing_and_carry_their_own_bytes() -
     minted = [before, *ids, after]
     assert minted == sorted(minted) and len(set(minted)) == len(minted)
     assert mint_event_ids(0) == ([], [])
+
+
+def test_a_frozen_clock_still_mints_increasing_ids_one_by_one_and_in_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More than 4096 ids within one millisecond (the counter's room) borrow the next
+    millisecond, whether minted one per append or a submission at a time."""
+    frozen = types.SimpleNamespace(time_ns=lambda: 1_900_000_000_000_000_000)
+    monkeypatch.setattr(eventlog.ids, "time", frozen)
+    singles = [new_event_id() for _ in range(5000)]
+    batch, raw = mint_event_ids(5000)
+    more = [new_event_id() for _ in range(10)]
+    minted = [*singles, *batch, *more]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in minted)
+    assert minted == sorted(minted) and len(set(minted)) == len(minted)
+    assert [i.bytes for i in batch] == raw
+    assert all(uuid.UUID(bytes=i.bytes) == i for i in singles)
