@@ -167,3 +167,24 @@ def test_the_payload_read_of_audits_raises_damaged_record_error_with_the_seq(
             list(log.read_payloads())
         assert (caught.value.seq, caught.value.column) == (BAD_SEQ, column)
         assert [row[0] for row in log.read_payloads(until_seq=BAD_SEQ - 1)] == [1, 2]
+
+
+@pytest.mark.parametrize("edit", ["version = 'one'", "version = 4.5"])
+def test_a_stream_version_of_the_wrong_type_is_a_damaged_record_not_a_crash(
+    tmp_path: Path, edit: str
+) -> None:
+    """The batched version reads (restore, rebuild) take max(version), which SQLite returns
+    as the edited value itself: text or a real must be named, never cast or crash."""
+    path = tmp_path / "log.db"
+    with EventLog.open(path) as log:
+        log.append("s", [LogNote(text=f"n{i}", n=i) for i in range(5)])
+    with sqlite3.connect(path) as conn:
+        drop_append_only(conn)
+        conn.execute(f"UPDATE events SET {edit} WHERE seq = 5")
+    conn.close()
+    with EventLog.open(path) as log:
+        with pytest.raises(DamagedRecordError, match="stream 's'") as caught:
+            log.stream_versions(["s"])
+        assert caught.value.column == "version"
+        with pytest.raises(DamagedRecordError, match="stream 's'"):
+            log.versions_between(1, 5)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from eventlog.recovery import ledger as ledger_module
 from eventlog.recovery.barrier import Cut
 from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.ledger import RecoveryLedger
@@ -28,6 +29,7 @@ from eventlog.recovery.vocabulary import (
     Receipt,
     ReplayConsumed,
     RowsCleared,
+    attempt_stream,
     group_stream,
 )
 from projections.siblings import GroupState
@@ -210,6 +212,38 @@ def test_finalize_reads_no_attempt_stream_its_seals_already_read(
     assert [s for s in read if s.startswith("attempt/")] == []
     (finalized,) = [r.event for r in h.records(group_stream("g1")) if r.type == "GroupFinalized"]
     assert finalized.weight_versions == [[0], [0], [0]]  # what the seals read
+    assert same_as_rebuilt(h)
+
+
+def test_the_kept_staged_reads_are_bounded_and_a_forgotten_one_is_read_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts that never finalize (refused, rolled back) must not grow the ledger for
+    weeks: past STAGED_READS_KEPT the kept reads are dropped, and finalize reads again."""
+    monkeypatch.setattr(ledger_module, "STAGED_READS_KEPT", 2)
+    h = harness
+    h.reserve("g1", n=3)
+    h.dispatch("g1")
+    for index in range(3):
+        h.seal("g1", index)  # the third seal finds two kept: they are dropped
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="f"))
+    h.put_canonical_rows("g1")
+    read: list[str] = []
+    read_stream = h.log.read_stream
+
+    def noted(stream: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(stream)
+        return read_stream(stream, *args, **kwargs)
+
+    monkeypatch.setattr(h.log, "read_stream", noted)
+
+    forgotten = [attempt_stream(h.rollout_id("g1", index)) for index in (0, 1)]
+
+    h.run(lambda cut: h.ledger.finalize(cut, "g1", owner="f", min_weight_version=0))
+
+    assert set(forgotten) <= {s for s in read if s.startswith("attempt/")}
+    (finalized,) = [r.event for r in h.records(group_stream("g1")) if r.type == "GroupFinalized"]
+    assert finalized.weight_versions == [[0], [0], [0]]
     assert same_as_rebuilt(h)
 
 

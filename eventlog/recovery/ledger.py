@@ -192,6 +192,10 @@ def _rules() -> Iterator[None]:
         raise _ledger_error(exc) from None
 
 
+STAGED_READS_KEPT = 65_536
+"""How many attempts' staged-row reads a ledger keeps: a cache (a miss reads the log again),
+bounded so that attempts which never finalize (refused, rolled back) cannot grow it for weeks."""
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -1004,6 +1008,8 @@ class RecoveryLedger:
             and ev.partition == self.staging_partition
             and ev.rollout_id == receipt.rollout_id
         }
+        if len(self._staged) >= STAGED_READS_KEPT:
+            self._staged.clear()
         self._staged[receipt.rollout_id] = found
         return found
 

@@ -538,7 +538,7 @@ class SqlStore:
         versions: dict[str, int | None] = dict.fromkeys(wanted)
         for chunk in _chunks(wanted):
             for stream, version in self._rows(self._sql(_VERSIONS_SQL, len(chunk)), chunk):
-                versions[stream] = int(version)
+                versions[stream] = _stored_version(stream, version)
         return versions
 
     def versions_between(self, from_seq: int, until_seq: int) -> dict[str, int]:
@@ -547,7 +547,7 @@ class SqlStore:
         _check_seq("from_seq", from_seq)
         _check_seq("until_seq", until_seq)
         rows = self._rows(self._sql(_VERSIONS_BETWEEN_SQL), [from_seq, until_seq])
-        return {stream: int(version) for stream, version in rows}
+        return {stream: _stored_version(stream, version) for stream, version in rows}
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Every row of a prebuilt statement, on the driver's cursor."""
@@ -931,6 +931,20 @@ def _damaged_row(row: Sequence[Any]) -> DamagedRecordError:
         "(the record was edited outside eventlog)",
         seq=seq if type(seq) is int else 0,
         column="event_id",
+    )
+
+
+def _stored_version(stream: str, version: object) -> int:
+    """A stream's newest version as the database gave it: an int, or the stream is damaged
+    (SQLite's max() over a column edited to hold text or a real returns that value)."""
+    if type(version) is int:
+        return version
+    stored = _STORAGE.get(type(version), "NULL" if version is None else type(version).__name__)
+    raise DamagedRecordError(
+        f"stream {stream!r}: its newest version is {stored} {version!r:.40}, which eventlog "
+        "never writes (a record was edited outside eventlog; `eventlog verify` names it)",
+        seq=0,
+        column="version",
     )
 
 
