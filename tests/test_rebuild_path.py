@@ -179,6 +179,7 @@ def test_a_restore_collects_no_garbage_while_it_prepares_and_leaves_the_collecto
         h.fresh_process()
         seen: list[str] = []
         inside: list[bool] = []
+        entered: list[bool] = []  # the collector's state as each preparation began
 
         def watch(phase: str, info: dict[str, int]) -> None:
             if phase == "start" and inside:
@@ -187,7 +188,8 @@ def test_a_restore_collects_no_garbage_while_it_prepares_and_leaves_the_collecto
         real = restore._prepare_restore
 
         def watched(*args: Any, **kw: Any) -> Any:
-            inside.append(gc.isenabled())
+            inside.append(True)
+            entered.append(gc.isenabled())
             try:
                 return real(*args, **kw)
             finally:
@@ -208,6 +210,7 @@ def test_a_restore_collects_no_garbage_while_it_prepares_and_leaves_the_collecto
             gc.callbacks.remove(watch)
         assert plan.counts["groups_restored"] == 3
         assert seen == []
+        assert entered and not any(entered)
     finally:
         h.log.close()
 
