@@ -1,6 +1,6 @@
 """What the audit folds share: the record they read, the types they decode, rollout ids.
 
-Two questions people ask of a run: "what happened to group G?" (`projections.audit_group`)
+Two questions people ask of a run: "what happened to group G?" (`projections.audit_view`)
 and "how much work did recovery cost, per agent and task?" (`projections.audit_stats`).
 
 Rolled-back records (projections.history) are facts about work that physically happened:

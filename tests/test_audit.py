@@ -41,7 +41,6 @@ from eventlog.recovery.vocabulary import (
     rollout_id_for,
 )
 from projections.audit import group_of_rollout
-from projections.audit_group import group_timeline, summarize_group
 from projections.audit_stats import AuditState, KeyReport, audit, fold_audit, report
 from projections.history import RolledBack
 
@@ -208,109 +207,6 @@ def row(rep: list[KeyReport], agent: str | None, task: str | None) -> KeyReport:
 
 
 # -- timelines ------------------------------------------------------------------------------
-
-
-def test_timeline_is_in_seq_order_with_each_seq_once_and_rolled_back_records_marked() -> None:
-    log = Log()
-    log.reserve("g", 1, agent=None, task=None)
-    log.dispatch("g", (0, 0))
-    log.run("g", 0)  # seqs 3..6
-    shuffled = [log.records[i] for i in (5, 0, 3, 1, 4, 2, 3)]  # merged streams, one repeat
-
-    timeline = group_timeline(shuffled, RolledBack([(4, 5)]))
-
-    assert [e.seq for e in timeline] == [1, 2, 3, 4, 5, 6]
-    assert [e.rolled_back for e in timeline] == [False, False, False, True, True, False]
-    assert [e.stream for e in timeline][:3] == ["group/g", "group/g", "attempt/g_g0"]
-
-
-def test_group_summary_gives_each_attempt_its_verdict_worker_rows_reward_and_latency() -> None:
-    log = Log()
-    log.reserve("g", 2, agent="math_agent", task="math")
-    log.dispatch("g", (0, 0), (1, 0))
-    log.run("g", 0, tokens=(10, 20), start_ms=100, end_ms=350)
-    log.seal("g", 0, reward=0.5)
-    log.run("g", 1, tokens=(7,), start_ms=400, finish=False)
-    log.fail("g", 1)
-    log.retry("g", (1, 1))
-    log.dispatch("g", (1, 1))
-    log.run("g", 1, 1, tokens=(1, 2, 3), start_ms=1000, end_ms=1040)
-    log.seal("g", 1, 1, reward=0.25)
-    log.finalize("g", 2)
-
-    info = summarize_group("g", group_timeline(log, RolledBack()))
-
-    assert (info.agent_name, info.task_name, info.granularity) == ("math_agent", "math", "sibling")
-    assert (info.fate, info.records, info.rolled_back_records) == ("finalized", len(log.records), 0)
-    got = [
-        (a.rollout_id, a.verdict, a.worker, a.rows_staged, a.tokens_staged, a.reward, a.latency_ns)
-        for a in info.attempts
-    ]
-    assert got == [
-        ("g_g0", "sealed", "finished", 2, 30, 0.5, 250 * MS),
-        ("g_g1", "failed", "running", 1, 7, None, None),
-        ("g_g1-a1", "sealed", "finished", 3, 6, 0.25, 40 * MS),
-    ]
-
-
-def test_group_summary_keeps_verdicts_of_effective_records_and_marks_rolled_back_attempts() -> None:
-    log = Log()
-    log.reserve("g", 2, agent=None, task=None)
-    log.dispatch("g", (0, 0), (1, 0))
-    log.run("g", 0)
-    checkpoint = len(log.records)
-    log.seal("g", 0)  # rolled back
-    log.fail("g", 1)  # rolled back
-    log.retry("g", (1, 1))  # rolled back: g_g1-a1 only ever existed there
-    restore = log.add(
-        CONTROLLER_STREAM,
-        RestoreStarted(
-            checkpoint_step=1, checkpoint_seq=checkpoint, rolled_back_from_seq=checkpoint + 1
-        ),
-    )
-    log.group("g", UnsealedAbandoned(group_id="g", attempts=refs("g", (0, 0), (1, 0)), reason="r"))
-    log.retry("g", (0, 1), (1, 2))
-
-    skipped = RolledBack([(checkpoint + 1, restore - 1)])
-    info = summarize_group("g", group_timeline(log, skipped))
-
-    assert info.rolled_back_records == 3
-    assert {a.rollout_id: a.verdict for a in info.attempts} == {
-        "g_g0": "abandoned",  # its seal was rolled back, the restore abandoned it
-        "g_g0-a1": "reserved",
-        "g_g1": "abandoned",  # its failure was rolled back too
-        "g_g1-a1": "rolled back",
-        "g_g1-a2": "reserved",
-    }
-    assert info.fate == "in the ledger"
-
-
-def test_a_prompt_group_summary_counts_late_results_rejected_per_attempt() -> None:
-    log = Log()
-    log.reserve("p", 2, agent=None, task="code", granularity="prompt_group")
-    log.dispatch("p", (0, 0), (1, 0))
-    log.fail("p", 0)
-    log.group("p", GroupAbandoned(group_id="p", attempts=refs("p", (0, 0), (1, 0)), reason="x"))
-    for _ in range(2):
-        log.group(
-            "p",
-            StaleResultRejected(
-                group_id="p",
-                generation_index=1,
-                rollout_id="p_g1",
-                current_rollout_id="p_g1",
-                reason="abandoned",
-            ),
-        )
-    info = summarize_group("p", group_timeline(log, RolledBack()))
-    # p_g0 failed first, then the whole group was abandoned: the last effective verdict counts
-    assert [(a.rollout_id, a.verdict, a.stale_rejections) for a in info.attempts] == [
-        ("p_g0", "abandoned", 0),
-        ("p_g1", "abandoned", 2),
-    ]
-
-
-# -- statistics -----------------------------------------------------------------------------
 
 
 def test_attempts_retries_failures_and_stale_results_are_counted_per_agent_and_task() -> None:
