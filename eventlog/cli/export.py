@@ -22,7 +22,6 @@ from typing import IO, Any, Protocol
 
 import click
 import msgspec
-import numpy as np
 
 from eventlog import codec
 from eventlog.cli.exits import CliUsageError
@@ -104,18 +103,14 @@ def _cell(kind: ColumnKind, value: Any) -> Any:
     return value
 
 
-_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-_DIGITS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
-
-
 def uuid_texts(ids: Sequence[bytes]) -> list[str]:
-    """16-byte ids as canonical UUID text (what str(uuid.UUID(bytes=raw)) gives), formatted
-    as one array: no Python work per id."""
-    raw = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(-1, 16)
-    out = np.full((len(ids), 36), ord("-"), dtype=np.uint8)
-    out[:, _DIGITS[0::2]] = _HEX[raw >> 4]
-    out[:, _DIGITS[1::2]] = _HEX[raw & 15]
-    texts: list[str] = out.view("S36").ravel().astype("U36").tolist()
+    """16-byte ids as canonical UUID text (what str(uuid.UUID(bytes=raw)) gives), by slicing
+    their hex: a quarter of building a UUID per id, and no dependency beyond the base install
+    (jsonl and csv exports need neither numpy nor pyarrow)."""
+    texts = []
+    for raw in ids:
+        h = raw.hex()
+        texts.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
     return texts
 
 

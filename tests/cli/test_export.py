@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,11 @@ def test_a_record_this_program_cannot_read_is_only_in_records_with_its_raw_field
     notes = (out / "CliNote.jsonl").read_text().splitlines()
     assert [json.loads(line)["seq"] for line in notes] == [1, 2, odd + 1]
     assert {p.name for p in out.iterdir()} == {"records.jsonl", "CliNote.jsonl"}
+
+
+def test_event_ids_are_exported_as_canonical_uuid_text() -> None:
+    from eventlog.cli.export import uuid_texts
+
+    ids = [uuid.uuid4().bytes for _ in range(50)] + [bytes(16), b"\xff" * 16]
+    assert uuid_texts(ids) == [str(uuid.UUID(bytes=raw)) for raw in ids]
+    assert uuid_texts([]) == []
