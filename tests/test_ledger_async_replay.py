@@ -188,10 +188,8 @@ def test_async_finalize_discard_and_consume_delete_rows_outside_the_loop_thread(
     assert all(t is not loop_thread for t in noting.deleted_in)
 
 
-def test_finalize_reads_no_attempt_stream_its_seals_already_read(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    h = harness
+def attempt_streams_finalize_reads(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Seal a 3-sibling group, then finalize it; the attempt streams finalize read."""
     h.reserve("g1", n=3)
     h.dispatch("g1")
     for index in range(3):
@@ -206,45 +204,28 @@ def test_finalize_reads_no_attempt_stream_its_seals_already_read(
         return read_stream(stream, *args, **kwargs)
 
     monkeypatch.setattr(h.log, "read_stream", noted)
-
     h.run(lambda cut: h.ledger.finalize(cut, "g1", owner="f", min_weight_version=0))
-
-    assert [s for s in read if s.startswith("attempt/")] == []
     (finalized,) = [r.event for r in h.records(group_stream("g1")) if r.type == "GroupFinalized"]
-    assert finalized.weight_versions == [[0], [0], [0]]  # what the seals read
+    assert finalized.weight_versions == [[0], [0], [0]]  # what the staged rows carry
     assert same_as_rebuilt(h)
+    return [s for s in read if s.startswith("attempt/")]
+
+
+def test_finalize_reads_no_attempt_stream_its_seals_already_read(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert attempt_streams_finalize_reads(harness, monkeypatch) == []
 
 
 def test_the_kept_staged_reads_are_bounded_and_a_forgotten_one_is_read_again(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Attempts that never finalize (refused, rolled back) must not grow the ledger for
-    weeks: past STAGED_READS_KEPT the kept reads are dropped, and finalize reads again."""
+    weeks: past STAGED_READS_KEPT the kept reads are dropped (the third seal finds two kept),
+    and finalize reads them again."""
     monkeypatch.setattr(ledger_module, "STAGED_READS_KEPT", 2)
-    h = harness
-    h.reserve("g1", n=3)
-    h.dispatch("g1")
-    for index in range(3):
-        h.seal("g1", index)  # the third seal finds two kept: they are dropped
-    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="f"))
-    h.put_canonical_rows("g1")
-    read: list[str] = []
-    read_stream = h.log.read_stream
-
-    def noted(stream: str, *args: Any, **kwargs: Any) -> Any:
-        read.append(stream)
-        return read_stream(stream, *args, **kwargs)
-
-    monkeypatch.setattr(h.log, "read_stream", noted)
-
-    forgotten = [attempt_stream(h.rollout_id("g1", index)) for index in (0, 1)]
-
-    h.run(lambda cut: h.ledger.finalize(cut, "g1", owner="f", min_weight_version=0))
-
-    assert set(forgotten) <= {s for s in read if s.startswith("attempt/")}
-    (finalized,) = [r.event for r in h.records(group_stream("g1")) if r.type == "GroupFinalized"]
-    assert finalized.weight_versions == [[0], [0], [0]]
-    assert same_as_rebuilt(h)
+    read = attempt_streams_finalize_reads(harness, monkeypatch)
+    assert {attempt_stream(f"g1_g{index}") for index in (0, 1)} <= set(read)
 
 
 def test_a_receipt_naming_a_key_staged_after_a_refusal_is_checked_against_the_log_again(
