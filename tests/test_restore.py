@@ -512,3 +512,36 @@ def test_restore_refuses_a_checkpoint_whose_ledger_digest_the_log_does_not_fold_
         _restore(h, step=2)
     assert h.log.head() == head
     assert _restore(h, step=1).checkpoint_step == 1
+
+
+def test_restore_refuses_a_checkpoint_whose_chain_anchor_the_log_does_not_hold(
+    harness: Harness,
+) -> None:
+    """The checkpoint names the chain value of the record it covered: a log that no longer
+    holds that record as it was (truncated and grown again, another run's file) is refused
+    before anything loads, naming the seq."""
+    import msgspec
+
+    from eventlog.records import ANY
+    from eventlog.recovery.errors import ReconciliationError
+    from eventlog.recovery.vocabulary import CheckpointCommitted
+
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    (good,) = [
+        r.event for r in h.records(CONTROLLER_STREAM) if isinstance(r.event, CheckpointCommitted)
+    ]
+    other_chain = msgspec.structs.replace(good, step=2, chain="ab" * 32)
+    beyond_the_log = msgspec.structs.replace(good, step=3, covers_seq=h.log.head() + 1000)
+    h.log.append(CONTROLLER_STREAM, [other_chain, beyond_the_log], ANY)
+    h.fresh_process()
+    head = h.log.head()
+    with pytest.raises(ReconciliationError, match=f"seq {good.covers_seq} has chain"):
+        _restore(h, step=2)
+    with pytest.raises(ReconciliationError, match=f"seq {beyond_the_log.covers_seq} is missing"):
+        _restore(h, step=3)
+    assert h.log.head() == head
+    assert _restore(h, step=1).checkpoint_step == 1

@@ -311,6 +311,24 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _check_chain_anchor(log: EventLog, ckpt: CheckpointCommitted) -> None:
+    """The log still holds the record the checkpoint covered, with the chain value it
+    recorded: a log truncated and grown again, or another run's file, fails here instead of
+    restoring from history that is not the checkpoint's (one read; `verify` checks it all)."""
+    if ckpt.covers_seq == 0:
+        return
+    found = next(iter(log.read_records(ckpt.covers_seq, ckpt.covers_seq)), None)
+    chain = "" if found is None else found.chain.hex()
+    if chain != ckpt.chain:
+        raise ReconciliationError(
+            f"checkpoint step {ckpt.step} covers seq {ckpt.covers_seq} with chain "
+            f"{ckpt.chain[:16]}…, but the log's record at seq {ckpt.covers_seq} "
+            + ("is missing" if found is None else f"has chain {chain[:16]}…")
+            + ": the log before the checkpoint is not the one it was taken on",
+            hint="run `eventlog verify` on the log; restore from a backup of it",
+        )
+
+
 def _prepare_restore(
     log: EventLog,
     data_plane: DataPlane,
@@ -331,6 +349,7 @@ def _prepare_restore(
             else "no checkpoint to restore: the log has none"
         )
     ckpt_seq, ckpt = chosen[-1]
+    _check_chain_anchor(log, ckpt)
 
     data_plane.load_checkpoint(
         DataPlaneCheckpoint(
