@@ -13,6 +13,7 @@ from eventlog.recovery.errors import LedgerRuleError, PromptIdentityError
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
+    CheckpointCommitted,
     GroupFinalized,
     RestoreCompleted,
     RestoreStarted,
@@ -485,6 +486,18 @@ def test_restore_and_checkpoint_compute_their_events_without_appending(harness: 
     assert event.ledger_digest == state_digest(prepared.state)
 
 
+def _one_checkpoint_at_step_1(h: Harness) -> CheckpointCommitted:
+    """A group with one sibling sealed, checkpointed at step 1; its CheckpointCommitted."""
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.checkpoint(1)
+    (good,) = [
+        r.event for r in h.records(CONTROLLER_STREAM) if isinstance(r.event, CheckpointCommitted)
+    ]
+    return good
+
+
 def test_restore_refuses_a_checkpoint_whose_ledger_digest_the_log_does_not_fold_to(
     harness: Harness,
 ) -> None:
@@ -493,16 +506,9 @@ def test_restore_refuses_a_checkpoint_whose_ledger_digest_the_log_does_not_fold_
 
     from eventlog.records import ANY
     from eventlog.recovery.errors import ReconciliationError
-    from eventlog.recovery.vocabulary import CheckpointCommitted
 
     h = harness
-    h.reserve("g1", n=2)
-    h.dispatch("g1")
-    h.seal("g1", 0)
-    h.checkpoint(1)
-    (good,) = [
-        r.event for r in h.records(CONTROLLER_STREAM) if isinstance(r.event, CheckpointCommitted)
-    ]
+    good = _one_checkpoint_at_step_1(h)
     # A checkpoint that claims a state the log never folded to (written around the ledger).
     forged = msgspec.structs.replace(good, step=2, ledger_digest="0" * 64)
     h.log.append(CONTROLLER_STREAM, [forged], ANY)
@@ -524,16 +530,9 @@ def test_restore_refuses_a_checkpoint_whose_chain_anchor_the_log_does_not_hold(
 
     from eventlog.records import ANY
     from eventlog.recovery.errors import ReconciliationError
-    from eventlog.recovery.vocabulary import CheckpointCommitted
 
     h = harness
-    h.reserve("g1", n=2)
-    h.dispatch("g1")
-    h.seal("g1", 0)
-    h.checkpoint(1)
-    (good,) = [
-        r.event for r in h.records(CONTROLLER_STREAM) if isinstance(r.event, CheckpointCommitted)
-    ]
+    good = _one_checkpoint_at_step_1(h)
     other_chain = msgspec.structs.replace(good, step=2, chain="ab" * 32)
     beyond_the_log = msgspec.structs.replace(good, step=3, covers_seq=h.log.head() + 1000)
     h.log.append(CONTROLLER_STREAM, [other_chain, beyond_the_log], ANY)
