@@ -58,3 +58,11 @@ def test_the_comparison_notices_a_unique_constraint_the_metadata_lacks(log_targe
     differences = _schema_differences(log_target, copy)
     assert [d[0] for d in differences] == ["remove_constraint"], differences
     assert differences[0][1].name == "uq_events_event_id"
+
+
+def test_the_head_revision_known_without_alembic_is_the_scripts_head() -> None:
+    """A log at HEAD_REVISION is opened without loading alembic: it must be alembic's head."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(migrate.migrations_dir())).get_current_head()
+    assert head == migrate.HEAD_REVISION

@@ -1,19 +1,32 @@
-"""Schema revisions: alembic owns every table; a log at the wrong revision is refused."""
+"""Schema revisions: alembic owns every table; a log at the wrong revision is refused.
+
+Alembic (with mako and pygments under it) is imported only where a revision is created,
+moved or listed, or a log is found off head: opening a log at head reads its one
+`alembic_version` row with a plain query and compares it with HEAD_REVISION. Importing
+alembic cost a command such as `eventlog inspect` a quarter of its run.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import exc as sa_exc
 
 from eventlog.errors import LogRevisionError
 from eventlog.store.errors import translating
 from eventlog.store.postgres import migration_lock_sql
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+HEAD_REVISION = "0004"
+"""The newest revision in migrations/versions, known without loading alembic's scripts
+(tests/test_schema_matches_migrations.py checks it is what alembic finds there)."""
+
+_VERSION_SQL = "SELECT version_num FROM alembic_version"
 
 
 def migrations_dir() -> Path:
@@ -25,6 +38,8 @@ def migrations_dir() -> Path:
 
 
 def _config(engine: Engine) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
@@ -33,6 +48,8 @@ def _config(engine: Engine) -> Config:
 
 def head_revision(engine: Engine) -> str:
     """The newest revision this program knows."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_config(engine)).get_current_head()
     assert head is not None
     return head
@@ -40,12 +57,16 @@ def head_revision(engine: Engine) -> str:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None for an empty database)."""
+    from alembic.runtime.migration import MigrationContext
+
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database up to `revision` (one process at a time: see `_serialized`)."""
+    from alembic import command
+
     config = _config(engine)
     with engine.begin() as conn:
         _serialized(conn)
@@ -55,6 +76,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def downgrade(engine: Engine, revision: str) -> None:
     """Migrate the database down to `revision` (`base` removes every table)."""
+    from alembic import command
+
     config = _config(engine)
     with engine.begin() as conn:
         _serialized(conn)
@@ -65,6 +88,9 @@ def downgrade(engine: Engine, revision: str) -> None:
 def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str | None, str]:
     """Migrate up or down to `revision` after refusing a foreign or newer database, all under
     the migration lock, so racing `db upgrade`s see one another's work; (before, after)."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     config = _config(engine)
     with translating(target), engine.begin() as conn:
         _serialized(conn)
@@ -89,6 +115,8 @@ def _serialized(conn: Connection) -> None:
 
 def known_revisions(engine: Engine) -> set[str]:
     """Every revision this program's migrations define."""
+    from alembic.script import ScriptDirectory
+
     return {rev.revision for rev in ScriptDirectory.from_config(_config(engine)).walk_revisions()}
 
 
@@ -124,6 +152,11 @@ def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
     under it, so any number of processes may open one new log at once: one creates it, the
     others find it at head. Without `create` nothing is locked or written.
     """
+    if _at_head(engine, target):
+        return
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     with translating(target):
         head = head_revision(engine)
         current = current_revision(engine)
@@ -151,3 +184,15 @@ def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
             f"{target}: log is at schema revision {current}, this eventlog needs {head}",
             hint=f"run `eventlog db upgrade {target}`",
         )
+
+
+def _at_head(engine: Engine, target: str) -> bool:
+    """Whether the log's one revision row is HEAD_REVISION, read without alembic. Anything
+    else (no such table, several rows, another revision, a failing query) is False, and
+    `ensure_at_head` decides with alembic as it always did."""
+    with translating(target), engine.connect() as conn:
+        try:
+            rows = conn.exec_driver_sql(_VERSION_SQL).fetchall()
+        except sa_exc.DBAPIError:
+            return False
+    return len(rows) == 1 and rows[0][0] == HEAD_REVISION
