@@ -22,6 +22,9 @@ _random = b""
 _offset = 0
 _RAND_MASK = (1 << 62) - 1
 _TIME_MASK = (1 << 48) - 1
+_FEW = 8
+"""Up to this many ids (one append's events, a finalize's two) are minted one by one under
+one lock: the bulk path's format string and comprehensions cost more than they save."""
 
 
 def _forget_random() -> None:
@@ -55,37 +58,43 @@ def new_event_ids(count: int) -> list[uuid.UUID]:
 def mint_event_ids(count: int) -> tuple[list[uuid.UUID], list[bytes]]:
     """`count` consecutive UUIDv7s, and each one's 16 bytes (what a row stores).
 
-    Drawn in one go: the random bits of all of them with one `struct` call, the (ms,
-    counter) pairs in runs of one millisecond; each id costs a comprehension step.
+    A few (up to `_FEW`) are minted one by one under one lock. More are drawn in one go:
+    the random bits of all of them with one `struct` call, the (ms, counter) pairs in runs
+    of one millisecond; each id costs a comprehension step.
     """
     global _last_ms, _counter, _random, _offset
     if count <= 0:
         return [], []
     values: list[int] = []
-    if count == 1:  # one event per append: no format string, no comprehension
+    if count <= _FEW:  # an append's few events: no format string, no comprehension
+        minted_few: list[uuid.UUID] = []
+        raw: list[bytes] = []
         with _lock:
-            now = time.time_ns() // 1_000_000
-            if now > _last_ms:
-                _last_ms, _counter = now, 0
-            elif _counter < 0xFFF:
-                _counter += 1
-            else:  # counter exhausted: borrow the next millisecond
-                _last_ms, _counter = _last_ms + 1, 0
-            if _offset + 8 > len(_random):
+            if _offset + 8 * count > len(_random):
                 _random, _offset = os.urandom(_RANDOM_CHUNK), 0
-            rand = _from_bytes(_random[_offset : _offset + 8], "big")
-            _offset += 8
-            value = (
-                (_last_ms & _TIME_MASK) << 80
-                | 0x7 << 76
-                | _counter << 64
-                | 0b10 << 62
-                | rand & _RAND_MASK
-            )
-        event_id: uuid.UUID = _new(_UUID)
-        _set_int(event_id, value)
-        _set_safe(event_id, _UNKNOWN)
-        return [event_id], [value.to_bytes(16, "big")]
+            now = time.time_ns() // 1_000_000
+            for _ in range(count):  # each id exactly as `count` single mints would make it
+                if now > _last_ms:
+                    _last_ms, _counter = now, 0
+                elif _counter < 0xFFF:
+                    _counter += 1
+                else:  # counter exhausted: borrow the next millisecond
+                    _last_ms, _counter = _last_ms + 1, 0
+                rand = _from_bytes(_random[_offset : _offset + 8], "big")
+                _offset += 8
+                value = (
+                    (_last_ms & _TIME_MASK) << 80
+                    | 0x7 << 76
+                    | _counter << 64
+                    | 0b10 << 62
+                    | rand & _RAND_MASK
+                )
+                event_id: uuid.UUID = _new(_UUID)
+                _set_int(event_id, value)
+                _set_safe(event_id, _UNKNOWN)
+                minted_few.append(event_id)
+                raw.append(value.to_bytes(16, "big"))
+        return minted_few, raw
     with _lock:
         need = 8 * count
         if _offset + need > len(_random):

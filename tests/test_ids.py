@@ -68,3 +68,33 @@ def test_a_frozen_clock_still_mints_increasing_ids_one_by_one_and_in_batches(
     assert minted == sorted(minted) and len(set(minted)) == len(minted)
     assert [i.bytes for i in batch] == raw
     assert all(uuid.UUID(bytes=i.bytes) == i for i in singles)
+
+
+def test_a_few_ids_minted_together_are_the_ids_as_many_single_mints_would_make(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An append of a few events (a finalize's two) mints them one by one under one lock:
+    in a frozen millisecond each counts on from the one before and borrows the next
+    millisecond past 4096, exactly like single mints, and no bulk draw is made for them."""
+    frozen = types.SimpleNamespace(time_ns=lambda: 1_950_000_000_000_000_000)
+    monkeypatch.setattr(eventlog.ids, "time", frozen)
+
+    def no_bulk_draw(*args: object) -> tuple[int, ...]:
+        raise AssertionError("a few ids took the bulk path")
+
+    monkeypatch.setattr(eventlog.ids, "_unpack_from", no_bulk_draw)
+    singles = [new_event_id() for _ in range(4090)]
+    few: list[uuid.UUID] = []
+    raw: list[bytes] = []
+    for _ in range(4):  # 4090 + 12 ids: the counter runs out inside the third call
+        ids, got = mint_event_ids(3)
+        few += ids
+        raw += got
+    minted = [*singles, *few, new_event_id()]
+    assert minted == sorted(minted) and len(set(minted)) == len(minted)
+    assert len(few) == 12 and [i.bytes for i in few] == raw
+    # (ms, counter) of each id: the same sequence single mints produce
+    stamps = [(i.int >> 80, (i.int >> 64) & 0xFFF) for i in minted]
+    ms0 = stamps[0][0]
+    expected = [(ms0 + n // 4096, n % 4096) for n in range(len(minted))]
+    assert stamps == expected
