@@ -6,6 +6,7 @@ figures rest on, so an optimisation cannot silently disappear.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import select
 import socket
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from eventlog import NO_STREAM, EventLog, Proposed
+from eventlog import NO_STREAM, AppendRequest, EventLog, Proposed
 from eventlog.store.postgres import PostgresDialect
 from eventlog.store.sqlite import SqliteDialect
 from tests.vocabulary import LogNote
@@ -135,3 +136,72 @@ def test_append_results_are_not_tracked_by_the_garbage_collector(log: EventLog) 
     """A batch returns one result per request: tracked, they were promoted and rescanned."""
     result = log.append("s", [LogNote(text="x")])
     assert not gc.is_tracked(result)
+
+
+def test_a_group_commit_mints_its_ids_and_reads_the_clock_once(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten single-event appends committed together: one minting and one recorded_at for the
+    transaction (minting and the clock per submission cost a call each per event)."""
+    from eventlog.ids import mint_event_ids as mint
+
+    minted: list[int] = []
+
+    def counting(count: int) -> Any:
+        minted.append(count)
+        return mint(count)
+
+    monkeypatch.setattr("eventlog.store.base.mint_event_ids", counting)
+    dialect = SqliteDialect if log.backend == "sqlite" else PostgresDialect
+    begin = dialect.begin_write
+    release = threading.Event()
+
+    def held(self: Any, cursor: Any) -> None:  # the first commit waits until the rest queued
+        if threading.current_thread().name == "held":
+            assert release.wait(30)
+        begin(self, cursor)
+
+    monkeypatch.setattr(dialect, "begin_write", held)
+    first = threading.Thread(target=log.append, args=("first", [LogNote(text="x")]), name="held")
+    first.start()
+
+    async def queued() -> list[Any]:
+        tasks = [
+            asyncio.ensure_future(log.append_async(f"s{i}", [LogNote(text="y")], NO_STREAM))
+            for i in range(10)
+        ]
+        for _ in range(3):
+            await asyncio.sleep(0)  # each task runs up to its wait: all ten are queued
+        release.set()
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(queued())
+    first.join()
+    assert log.commits == 2 and minted == [1, 10]
+    stored = list(log.read(from_seq=2))
+    assert [r.event_id for r in stored] == [r.event_ids[0] for r in results]
+    assert len({r.recorded_at for r in stored}) == 1
+
+
+def test_single_event_requests_are_linked_without_building_a_request_row_list(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of one-event requests (what a batch over many streams mostly holds) and a
+    one-event append link each row directly; only longer requests go through link_rows."""
+    import eventlog.chain
+
+    linked: list[int] = []
+    link_rows = eventlog.chain.link_rows
+
+    def counting(previous: bytes, fields: Any, rows: Any) -> bytes:
+        linked.append(len(fields))
+        return link_rows(previous, fields, rows)
+
+    monkeypatch.setattr(eventlog.chain, "link_rows", counting)
+    log.append("a", [LogNote(text="x")])
+    log.append_batch([AppendRequest(f"s{i}", [LogNote(text="x")]) for i in range(20)])
+    log.append_batch(
+        [AppendRequest("t", [LogNote(text="x"), LogNote(text="y")]), AppendRequest("u", [])]
+    )
+    assert linked == [2, 0]
+    assert log.verify().ok and log.head() == 23

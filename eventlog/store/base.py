@@ -182,6 +182,13 @@ class _Batch:
     rows: list[tuple[int, str, int, bytes, str, int, int, bytes, bytes]] = field(
         default_factory=list
     )
+    recorded_at: int = 0
+    """The transaction's time (ns): every record it writes carries it."""
+    minted: list[uuid.UUID] = field(default_factory=list)
+    minted_bytes: list[bytes] = field(default_factory=list)
+    """Ids minted for the whole transaction at once (a request with chosen ids takes none),
+    and each one's 16 bytes; `taken` of them are used."""
+    taken: int = 0
 
 
 class SqlStore:
@@ -269,7 +276,14 @@ class SqlStore:
             with self.dialect.pipeline(dbapi):
                 self.dialect.begin_write(cursor)
                 batch = self._open_batch(dbapi, submissions)
-                outcomes = [self._plan(batch, submission) for submission in submissions]
+                # One clock reading and one minting for the whole transaction, not one per
+                # submission (a group commit of single-event appends paid both per event).
+                batch.recorded_at = time.time_ns()
+                batch.minted, batch.minted_bytes = mint_event_ids(
+                    sum([len(r.events) for s in submissions for r in s if not r.chosen])
+                )
+                plan = self._plan
+                outcomes = [plan(batch, submission) for submission in submissions]
                 if batch.rows:
                     cursor.executemany(self.dialect.insert_sql, batch.rows)
                     self.dialect.after_write(cursor, batch.head)
@@ -348,29 +362,53 @@ class SqlStore:
 
     def _plan(self, batch: _Batch, submission: Submission) -> Outcome:
         """Validate one submission against the batch so far; on success, add its rows."""
+        if len(submission) == 1:
+            stream, expected, events, chosen = submission[0]
+            if not chosen and len(events) == 1:
+                return self._plan_one(batch, stream, expected, events[0])
         results: list[AppendResult] = []
         rows: list[tuple[int, str, int, bytes, str, int, int, bytes, bytes]] = []
         versions: dict[str, int | None] = {}
         supplied: set[bytes] = set()
         head, last_chain, known = batch.head, batch.last_chain, batch.versions
-        recorded_at = time.time_ns()
-        link_rows = chain.link_rows
-        minted, minted_bytes = mint_event_ids(
-            sum([len(r.events) for r in submission if not r.chosen])
-        )
-        taken = 0
+        recorded_at = batch.recorded_at
+        link_rows, link = chain.link_rows, chain.link_fields
+        minted, minted_bytes, taken = batch.minted, batch.minted_bytes, batch.taken
+        add_row, add_result = rows.append, results.append
         try:
             for request in submission:
                 stream, expected, events, chosen = request
                 if chosen:
                     retried = self._retried(batch, request)
                     if retried is not None:
-                        results.append(retried)
+                        add_result(retried)
                         continue
                 current = versions[stream] if stream in versions else known.get(stream)
-                if expected != EXPECT_ANY:
-                    _check_expected(stream, expected, current)
+                if expected != EXPECT_ANY and expected != (
+                    EXPECT_NO_STREAM if current is None else current
+                ):
+                    _check_expected(stream, expected, current)  # raises, naming the mismatch
                 count = len(events)
+                first_version = 0 if current is None else current + 1
+                if count == 1 and not chosen:  # the common request: one event, minted id
+                    head += 1
+                    type_name, schema, payload, _ = events[0]
+                    fields = (
+                        head,
+                        stream,
+                        first_version,
+                        minted_bytes[taken],
+                        type_name,
+                        schema,
+                        recorded_at,
+                        payload,
+                    )
+                    last_chain = link(last_chain, fields)
+                    add_row((*fields, last_chain))
+                    add_result(AppendResult(stream, [head], [first_version], [minted[taken]]))
+                    taken += 1
+                    versions[stream] = first_version
+                    continue
                 if chosen:
                     ids = _chosen_ids(request, supplied)
                     id_bytes = [event_id.bytes for event_id in ids]
@@ -378,7 +416,7 @@ class SqlStore:
                     ids = minted[taken : taken + count]
                     id_bytes = minted_bytes[taken : taken + count]
                     taken += count
-                first_seq, first_version = head + 1, 0 if current is None else current + 1
+                first_seq = head + 1
                 # The canonical fields of each record (chain order), then one call links them.
                 last_chain = link_rows(
                     last_chain,
@@ -400,20 +438,17 @@ class SqlStore:
                     rows,
                 )
                 head += count
-                if count == 1:  # the common request: one event (no range to walk)
-                    results.append(AppendResult(stream, [first_seq], [first_version], ids))
-                    versions[stream] = first_version
-                elif count:
+                if count:
                     versions[stream] = first_version + count - 1
                     seqs = list(range(first_seq, head + 1))
                     span = list(range(first_version, first_version + count))
-                    results.append(AppendResult(stream, seqs, span, ids))
+                    add_result(AppendResult(stream, seqs, span, ids))
                 else:
                     versions[stream] = current
-                    results.append(AppendResult(stream, [], [], ids))
+                    add_result(AppendResult(stream, [], [], ids))
         except EventLogError as exc:
             return exc
-        batch.head, batch.last_chain = head, last_chain
+        batch.head, batch.last_chain, batch.taken = head, last_chain, taken
         batch.versions.update(versions)
         if supplied:  # minted ids cannot come back; only chosen ones are tracked
             for row in rows:
@@ -421,6 +456,38 @@ class SqlStore:
                     batch.placed[row[3]] = (row[1], row[0], row[2], row[4], row[5], row[7])
         batch.rows.extend(rows)
         return results
+
+    def _plan_one(self, batch: _Batch, stream: str, expected: int, event: PreparedEvent) -> Outcome:
+        """`_plan` of the commonest submission (one event, its id minted): the expected
+        version is the only check and comes before anything changes, so no undo state."""
+        known = batch.versions
+        current = known.get(stream)
+        if expected != EXPECT_ANY and expected != (
+            EXPECT_NO_STREAM if current is None else current
+        ):
+            try:
+                _check_expected(stream, expected, current)
+            except EventLogError as exc:
+                return exc
+        seq = batch.head + 1
+        version = 0 if current is None else current + 1
+        taken = batch.taken
+        type_name, schema, payload, _ = event
+        fields = (
+            seq,
+            stream,
+            version,
+            batch.minted_bytes[taken],
+            type_name,
+            schema,
+            batch.recorded_at,
+            payload,
+        )
+        link = chain.link_fields(batch.last_chain, fields)
+        batch.rows.append((*fields, link))
+        batch.head, batch.last_chain, batch.taken = seq, link, taken + 1
+        known[stream] = version
+        return [AppendResult(stream, [seq], [version], [batch.minted[taken]])]
 
     def _retried(self, batch: _Batch, request: PreparedRequest) -> AppendResult | None:
         """The original result when every event of the request is already stored as is."""
