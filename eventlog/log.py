@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -39,7 +40,7 @@ from eventlog.store.base import (
     Submission,
 )
 from eventlog.verify import VerifyReport, verify_records
-from eventlog.writer import GroupCommitWriter
+from eventlog.writer import GroupCommitWriter, pause_collector
 
 Durability = Literal["full", "normal"]
 
@@ -155,7 +156,14 @@ class EventLog:
 
     def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append to several streams in one atomic step: every request lands, or none."""
-        return self._writer.write(self._prepare(requests))
+        # The cyclic collector rests while the call encodes, plans and writes (see
+        # `writer.pause_collector`); it is as it was when the call returns.
+        resume = pause_collector()
+        try:
+            return self._writer.write(self._prepare(requests))
+        finally:
+            if resume:
+                gc.enable()
 
     async def append_async(
         self,
@@ -168,7 +176,13 @@ class EventLog:
         return results[0]
 
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        return await self._writer.submit_async(self._prepare(requests))
+        resume = pause_collector()  # while encoding and queueing: never across the await
+        try:
+            future = self._writer.submit_async(self._prepare(requests))
+        finally:
+            if resume:
+                gc.enable()
+        return await future
 
     def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:
         started = time.thread_time()
@@ -291,11 +305,13 @@ class EventLog:
         until_seq: int | None = None,
         streams: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
+        *,
+        page_size: int = 1000,
     ) -> Iterator[RecordRow]:
         """`read_records` as checked row tuples (seq, stream, version, event_id as 16 bytes,
-        type, schema, recorded_at, payload, chain): for whole-log audits that build no
-        object per record."""
-        return self._store.read_rows(from_seq, until_seq, streams, types)
+        type, schema, recorded_at, payload, chain): for whole-log audits and rebuilds that
+        build no object per record (`codec.decode` turns a row's payload into its event)."""
+        return self._store.read_rows(from_seq, until_seq, streams, types, page_size)
 
     def read_payloads(
         self, from_seq: int = 1, until_seq: int | None = None

@@ -200,8 +200,44 @@ def test_single_event_requests_are_linked_without_building_a_request_row_list(
     monkeypatch.setattr(eventlog.chain, "link_rows", counting)
     log.append("a", [LogNote(text="x")])
     log.append_batch([AppendRequest(f"s{i}", [LogNote(text="x")]) for i in range(20)])
-    log.append_batch(
-        [AppendRequest("t", [LogNote(text="x"), LogNote(text="y")]), AppendRequest("u", [])]
-    )
-    assert linked == [2, 0]
+    log.append_batch([AppendRequest("t", [LogNote(text="x"), LogNote(text="y")])])
+    assert linked == [2]
     assert log.verify().ok and log.head() == 23
+
+
+def test_an_append_runs_no_garbage_collection_and_leaves_the_collector_as_it_was(
+    log: EventLog, log_target: str
+) -> None:
+    """A batch of 3000 one-event requests allocates far past the collector's threshold: no
+    collection runs inside the call (one used to scan and promote every row and result),
+    whether the caller commits or the writer thread does; the collector is on afterwards,
+    and stays off for a caller who had turned it off."""
+    collections: list[str] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(threading.current_thread().name)
+
+    requests = [AppendRequest(f"s{i}", [LogNote(text="x", n=i)]) for i in range(3000)]
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        log.append_batch(requests[:1500])
+        assert collections == [] and gc.isenabled()
+        gc.disable()
+        try:
+            log.append("off", [LogNote(text="x")])
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+        async def in_the_writer_thread() -> None:
+            await log.append_batch_async(requests[1500:])
+
+        asyncio.run(in_the_writer_thread())
+        log.close()  # the writer thread has finished
+        assert "eventlog-writer" not in collections and gc.isenabled()
+    finally:
+        gc.callbacks.remove(seen)
+    with EventLog.open(log_target) as reopened:
+        assert reopened.head() == 3001
