@@ -291,6 +291,8 @@ class RecoveryLedger:
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
         self._epoch_version: int | None = None
+        self._fence: AppendRequest | None = None
+        """The epoch assertion every command's append carries (None: no epoch taken)."""
         self._in_flight: dict[str, asyncio.Future[list[AppendResult]]] = {}
         """Keys (groups, admissions, replay entries, streams) of async commits not yet landed."""
         """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
@@ -638,14 +640,16 @@ class RecoveryLedger:
 
     def _with_fence(self, requests: Sequence[AppendRequest]) -> list[AppendRequest]:
         """`requests` with the epoch assertion in front (unless they take a new epoch)."""
-        if any(r.stream == EPOCH_STREAM for r in requests):
-            return list(requests)
-        if self._epoch_version is None:
+        for request in requests:
+            if request.stream == EPOCH_STREAM:
+                return list(requests)
+        fence = self._fence
+        if fence is None:
             raise LedgerRuleError(
                 "the ledger holds no fencing epoch (opened read_only?): commands need "
                 "RecoveryLedger.open(...) or restore(...)"
             )
-        return [AppendRequest(EPOCH_STREAM, [], self._epoch_version), *requests]
+        return [fence, *requests]
 
     def _conflict(
         self, exc: ConcurrencyError, requests: Sequence[AppendRequest]
@@ -672,6 +676,8 @@ class RecoveryLedger:
                 self._versions[result.stream] = result.versions[-1]
             if result.stream == EPOCH_STREAM and result.versions:
                 self._epoch_version = result.versions[-1]
+                # built once per epoch: every command sends this same (immutable) request
+                self._fence = AppendRequest(EPOCH_STREAM, (), self._epoch_version)
 
     def _fenced_error(self, held: int, found: int | None) -> ControllerFencedError:
         """Name both epochs, and who took the newer one (the epoch stream's last record)."""
