@@ -473,16 +473,27 @@ def _on_dispatched(state: LedgerState, ev: SiblingsDispatched) -> None:
     _require(group, status=("generating",), action="dispatch")
     indices = [ref.generation_index for ref in ev.attempts]
     _unique_indices(group, indices, "dispatch", every=group.granularity == "prompt_group")
-    dispatched = []
+    before = group.siblings
+    siblings = list(before)
     for ref in ev.attempts:
-        current = _current(group, ref, "reserved")  # checks the index first
-        dispatched.append(
-            _with_current(
-                group.siblings[ref.generation_index],
+        index = ref.generation_index
+        current = before[index].attempts[-1] if 0 <= index < len(before) else None
+        if (
+            current is None
+            or current.rollout_id != ref.rollout_id
+            or current.status != "reserved"
+            or current.attempt != ref.attempt
+        ):
+            # Not the common case (the current, reserved attempt): the rule names it.
+            current = _current(group, ref, "reserved")
+        siblings[index] = SiblingState(
+            generation_index=index,
+            attempts=(
+                *before[index].attempts[:-1],
                 msgspec.structs.replace(current, status="dispatched"),
-            )
+            ),
         )
-    state.groups[group.group_id] = _replace_siblings(group, dispatched)
+    state.groups[group.group_id] = msgspec.structs.replace(group, siblings=tuple(siblings))
 
 
 def _on_failed(state: LedgerState, ev: AttemptFailed) -> None:
@@ -506,6 +517,29 @@ def _sealed(group: GroupState, result: SealResult | SiblingSealed) -> SiblingSta
     """
     index = result.generation_index
     current = _current_at(group, index, result.attempt, result.rollout_id, _DISPATCHED)
+    sealed = _sealed_attempt(group, result, current, _others_sealed(group, index))
+    attempts = group.siblings[index].attempts
+    return SiblingState(generation_index=index, attempts=(*attempts[:-1], sealed))
+
+
+def _others_sealed(group: GroupState, index: int) -> list[AttemptState]:
+    """The sealed current attempts of every sibling but `index`, in sibling order."""
+    return [
+        a
+        for s in group.siblings
+        if (a := s.attempts[-1]).status == "sealed" and s.generation_index != index
+    ]
+
+
+def _sealed_attempt(
+    group: GroupState,
+    result: SealResult | SiblingSealed,
+    current: AttemptState,
+    others: list[AttemptState],
+) -> AttemptState:
+    """`current` (already checked to be the attempt `result` names) with `result` sealed in,
+    if the receipt, reward and mask_sample rules hold; `others`: the other siblings' sealed
+    current attempts (`_others_sealed`), whose rows the receipt must not name."""
     receipt = result.receipt
     if receipt is not None:
         if receipt.rollout_id != result.rollout_id:
@@ -521,18 +555,12 @@ def _sealed(group: GroupState, result: SealResult | SiblingSealed) -> SiblingSta
             )
         # One set for the receipt, compared with sealed siblings' receipts only (a seal per
         # sibling made this check quadratic in set building: the fold's costliest line).
-        for other in group.siblings:
-            theirs = other.attempts[-1]
-            if (
-                theirs.status == "sealed"
-                and theirs.receipt is not None
-                and other.generation_index != index
-                and not wanted.isdisjoint(theirs.receipt.staging_keys)
-            ):
+        for theirs in others:
+            if theirs.receipt is not None and not wanted.isdisjoint(theirs.receipt.staging_keys):
                 owned = wanted.intersection(theirs.receipt.staging_keys)
                 raise RuleViolation(
                     f"receipt names staging keys {sorted(owned)} that sibling "
-                    f"{other.generation_index} ({theirs.rollout_id!r}) owns",
+                    f"{_index_of(group, theirs)} ({theirs.rollout_id!r}) owns",
                     **_where_of(group, result),
                 )
     reward = result.reward
@@ -545,7 +573,7 @@ def _sealed(group: GroupState, result: SealResult | SiblingSealed) -> SiblingSta
             f"mask_sample must be a bool, found {result.mask_sample!r}",
             **_where_of(group, result),
         )
-    sealed = AttemptState(
+    return AttemptState(
         attempt=current.attempt,
         rollout_id=current.rollout_id,
         status="sealed",
@@ -553,8 +581,11 @@ def _sealed(group: GroupState, result: SealResult | SiblingSealed) -> SiblingSta
         reward=float(reward),
         mask_sample=result.mask_sample,
     )
-    attempts = group.siblings[index].attempts
-    return SiblingState(generation_index=index, attempts=(*attempts[:-1], sealed))
+
+
+def _index_of(group: GroupState, attempt: AttemptState) -> int:
+    """The generation index whose current attempt is `attempt` (for an error message)."""
+    return next(s.generation_index for s in group.siblings if s.attempts[-1] is attempt)
 
 
 def _where_of(group: GroupState, result: SealResult | SiblingSealed) -> _Where:
@@ -573,18 +604,37 @@ def _ready_if_complete(group: GroupState) -> GroupState:
 
 
 def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
-    # The most frequent record of a run: the common case is checked inline, and the
-    # functions that own each rule run (and name what is wrong) only when it fails.
+    # The most frequent record of a run: the common case (the current, dispatched attempt of
+    # a sibling group that is generating) is checked inline, the functions that own each
+    # rule run (and name what is wrong) only when it fails, and one pass over the siblings
+    # serves both the staging-key rule and whether the group is now complete.
     group = state.groups.get(ev.group_id) or state.group(ev.group_id)
     if group.granularity is not _SIBLING:
         require_granularity(group, Granularity.SIBLING, "seal one sibling")
     if group.status != "generating":
         _require(group, status=("generating",), action="seal")
-    siblings = list(group.siblings)
-    sealed = _sealed(group, ev)
-    siblings[sealed.generation_index] = sealed
-    group = msgspec.structs.replace(group, siblings=tuple(siblings))
-    state.groups[group.group_id] = _ready_if_complete(group)
+    index = ev.generation_index
+    siblings = group.siblings
+    current = siblings[index].attempts[-1] if 0 <= index < len(siblings) else None
+    if (
+        current is None
+        or current.rollout_id != ev.rollout_id
+        or current.status != "dispatched"
+        or current.attempt != ev.attempt
+    ):
+        current = _current_at(group, index, ev.attempt, ev.rollout_id, _DISPATCHED)
+    others = _others_sealed(group, index)
+    sealed = _sealed_attempt(group, ev, current, others)
+    replaced = list(siblings)
+    replaced[index] = SiblingState(
+        generation_index=index, attempts=(*siblings[index].attempts[:-1], sealed)
+    )
+    state.groups[group.group_id] = msgspec.structs.replace(
+        group,
+        siblings=tuple(replaced),
+        # Every other sibling's current attempt sealed, and now this one: ready.
+        status="ready_to_finalize" if len(others) == len(siblings) - 1 else group.status,
+    )
 
 
 def _on_group_sealed(state: LedgerState, ev: GroupSealed) -> None:

@@ -317,6 +317,25 @@ def test_fold_refuses_an_event_that_breaks_a_rule(name: str) -> None:
     assert state == before  # a refused event changes nothing
 
 
+@pytest.mark.parametrize("what", ["seal", "dispatch"])
+def test_fold_refuses_a_negative_sibling_index_built_in_code(what: str) -> None:
+    """An event built in code skips the decoder's `ge=0`; the fold's fast paths index the
+    siblings by it, so -1 naming the last sibling's attempt must not seal or dispatch it."""
+    prefix: list[Event] = [reserved(n=2)]
+    last = ref(1)
+    bad: Event
+    if what == "seal":
+        prefix.append(dispatched(ref(0), ref(1)))
+        bad = msgspec.structs.replace(sealed(1), generation_index=-1)
+    else:
+        bad = dispatched(msgspec.structs.replace(last, generation_index=-1))
+    state = fold_all(LedgerState(), prefix)
+    before = state.copy()
+    with pytest.raises(RuleViolation, match="sibling -1: no such sibling"):
+        fold_all(state, [bad])
+    assert state == before
+
+
 def test_a_stale_result_is_a_typed_violation_naming_both_rollout_ids() -> None:
     prefix, bad, _ = CASES["seal names a superseded attempt"]
     state = fold_all(LedgerState(), prefix)

@@ -127,6 +127,33 @@ def test_a_rebuild_decodes_only_the_types_the_fold_handles(
     assert folded.records_folded == head - folded.snapshot_seq
 
 
+def test_a_rebuild_decodes_payloads_without_building_a_record_or_event_id_per_row(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fold needs each row's event (and its seq, type and stream to name a broken one):
+    no RecordedEvent and no UUID per record, which cost as much as the decode itself."""
+    import eventlog.log
+
+    h = harness
+    _log_with_a_run(h)
+    built: list[str] = []
+    for name in ("_decode_row", "decode_record", "uuid_from_bytes"):
+        real: Callable[..., Any] = getattr(eventlog.log, name)
+
+        def counted(*args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
+            built.append(_name)
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(eventlog.log, name, counted)
+    head = h.log.head()
+    folded = fold_from_snapshot(h.log, head, RolledBack())
+    assert folded.records_folded == head - folded.snapshot_seq > 0
+    assert built == []
+    expected, _ = _every_record(h.log, head)  # the reference rebuild builds records
+    assert built
+    assert state_digest(folded.state) == state_digest(expected)
+
+
 def _every_record(log: EventLog, until: int) -> tuple[LedgerState, dict[str, int]]:
     """The reference rebuild: decode and fold every record from seq 1, versions as read."""
     state, versions = LedgerState(), {}
