@@ -13,15 +13,27 @@ The data plane is the in-memory one: a real TransferQueue's delete is a round tr
 actors whose cost is TQ's, and which a leak-free run pays once per row whichever ledger
 drives it (here it is what is *added* to the command that is measured).
 
+Beside the verdict (per finalize command, against the fencing bench's ledger command), the
+difference is put against two real figures timed on the same log: a real finalize command
+(`RecoveryLedger.finalize`, StagingCleared and delete included) and all the ledger commands
+of one group's life (reserve, dispatch, a seal per sibling, start_finalization, finalize),
+since the cleanup is paid once per group, not on every command.
+
 `python -m bench cleanup [--quick] [--backend sqlite|postgresql]`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.table import Table
 
 from bench.common import RESULTS_DIR, Results
 from bench.fencing import (
@@ -35,8 +47,17 @@ from bench.fencing import (
 )
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.records import NO_STREAM, AppendRequest
-from eventlog.recovery.vocabulary import ClearedKey, StagingCleared
+from eventlog.records import ANY, NO_STREAM, AppendRequest
+from eventlog.recovery.barrier import MutationBarrier
+from eventlog.recovery.ledger import RecoveryLedger
+from eventlog.recovery.vocabulary import (
+    ClearedKey,
+    PromptRef,
+    Receipt,
+    StagingCleared,
+    TokensStaged,
+    attempt_stream,
+)
 
 SIBLINGS = 2
 CALLS = 2
@@ -79,20 +100,157 @@ def cleanup_step(log: EventLog, plane: InMemoryDataPlane) -> Step:
     return step
 
 
+LIFECYCLE = ("reserve", "dispatch", *(["seal"] * SIBLINGS), "start_finalization", "finalize")
+"""The ledger commands of one group's life, in the shape the clean kind clears (SIBLINGS
+siblings, CALLS staged calls each)."""
+
+
+def lifecycle_commands(log: EventLog, groups: int, offset: int) -> dict[str, float]:
+    """Whole group lifecycles on a real `RecoveryLedger` (its fold, fence and append, the
+    finalize's StagingCleared and delete included): seconds per command, of a finalize
+    command, and of all of one group's commands. Only the ledger calls are timed; the
+    workers' staging (rows put, TokensStaged appended) and the finalizer's canonical rows
+    are outside, as is the barrier."""
+    plane = InMemoryDataPlane()
+    ledger = RecoveryLedger.open(log, plane, staging_partition=STAGING)
+    barrier = MutationBarrier()
+    tokens = torch.arange(16)
+    spent = {"all": 0.0, "finalize": 0.0}
+
+    @contextlib.contextmanager
+    def timed(kind: str) -> Iterator[None]:
+        started = time.perf_counter_ns()
+        yield
+        took = (time.perf_counter_ns() - started) / 1e9
+        spent["all"] += took
+        if kind == "finalize":
+            spent["finalize"] += took
+
+    async def go() -> None:
+        for g in range(offset, offset + groups):
+            gid = f"life{g}"
+            async with barrier.mutation("bench") as cut:
+                with timed("reserve"):
+                    ledger.reserve(
+                        cut,
+                        group_id=gid,
+                        prompt={"prompt_id": f"p{g}", "task_name": "math"},
+                        prompt_ref=PromptRef(sample_id=str(g), task_name="math"),
+                        expected_generations=SIBLINGS,
+                        start_weight_version=0,
+                        admitted=True,
+                        target_step=0,
+                        granularity="sibling",
+                    )
+                with timed("dispatch"):
+                    ledger.dispatch(cut, gid)
+                for index in range(SIBLINGS):
+                    rid = ledger.group(gid).siblings[index].current.rollout_id
+                    keys = [f"{rid}/call-{c}" for c in range(CALLS)]
+                    plane.put_rows(  # the worker's
+                        STAGING,
+                        {k: {"token_ids": tokens} for k in keys},
+                        tags={k: {"rollout_id": rid} for k in keys},
+                    )
+                    staged = [
+                        TokensStaged(
+                            rollout_id=rid,
+                            partition=STAGING,
+                            staging_key=k,
+                            token_count=16,
+                            weight_version=0,
+                        )
+                        for k in keys
+                    ]
+                    log.append(attempt_stream(rid), staged, ANY)
+                    receipt = Receipt(rollout_id=rid, staging_keys=keys)
+                    with timed("seal"):
+                        ledger.seal_sibling(
+                            cut,
+                            gid,
+                            index,
+                            rollout_id=rid,
+                            receipt=receipt,
+                            reward=1.0,
+                            mask_sample=False,
+                        )
+                with timed("start_finalization"):
+                    ledger.start_finalization(cut, gid, owner="bench")
+                rows = ledger.group(gid).canonical_row_ids()
+                plane.put_rows(ledger.training_partition, {r: {"token_ids": tokens} for r in rows})
+                with timed("finalize"):
+                    ledger.finalize(cut, gid, owner="bench", min_weight_version=0)
+                plane.delete_rows(ledger.training_partition, rows)  # the plane does not grow
+
+    asyncio.run(go())
+    return {
+        "command": spent["all"] / (groups * len(LIFECYCLE)),
+        "finalize": spent["finalize"] / groups,
+        "group": spent["all"] / groups,
+    }
+
+
+def lifecycle_figures(delta_us: float, runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The cleanup's difference against a real finalize command and spread over the group's
+    whole life (medians over the runs); information beside the verdict, which stays per
+    finalize command against the fencing bench's ledger command."""
+    finalize_us = statistics.median(r["finalize"] for r in runs) * 1e6
+    group_us = statistics.median(r["group"] for r in runs) * 1e6
+    return {
+        "lifecycle_commands": list(LIFECYCLE),
+        "lifecycle_us_per_command": round(statistics.median(r["command"] for r in runs) * 1e6, 1),
+        "finalize_us_per_command": round(finalize_us, 1),
+        "lifecycle_us_per_group": round(group_us, 1),
+        "delta_share_of_finalize_command": round(delta_us / finalize_us, 4),
+        "delta_share_of_lifecycle": round(delta_us / group_us, 4),
+    }
+
+
 def cells(
     target: str, backend: str, durability: str, block: int, rounds: int
 ) -> list[dict[str, Any]]:
     with EventLog.open(target, durability=durability) as log:  # type: ignore[arg-type]
         got = rounds_of(cleanup_step(log, InMemoryDataPlane()), block, rounds, LABELS)
         ledger_runs = [ledger_commands(log, max(block // 2, 20), r * 100_000) for r in range(3)]
+        life = [lifecycle_commands(log, max(block // 8, 5), r * 100_000) for r in range(3)]
     cell = {"backend": backend, "durability": durability, "block": block, "rounds": rounds}
     cell["rows_per_command"] = SIBLINGS * CALLS
-    return [ab_row("cleanup", got, ledger_runs, LABELS, LABELS, **cell)]
+    row = ab_row("cleanup", got, ledger_runs, LABELS, LABELS, **cell)
+    return [row | lifecycle_figures(row["delta_us"], life)]
+
+
+def lifecycle_table(rows: list[dict[str, Any]]) -> Table:
+    """The difference beside a real finalize command and a group's whole ledger life."""
+    out = Table(
+        title=f"cleanup against a group's life ({' '.join(LIFECYCLE)}; median µs)",
+        title_justify="left",
+    )
+    for name in (
+        "backend",
+        "durability",
+        "Δ µs",
+        "finalize command µs",
+        "Δ share of finalize",
+        "group's commands µs",
+        "Δ share of the group's commands",
+    ):
+        out.add_column(name, justify="left" if name == "backend" else "right")
+    for r in rows:
+        out.add_row(
+            r["backend"],
+            r["durability"],
+            f"{r['delta_us']:+.1f}",
+            f"{r['finalize_us_per_command']:,.1f}",
+            f"{r['delta_share_of_finalize_command']:+.2%}",
+            f"{r['lifecycle_us_per_group']:,.1f}",
+            f"{r['delta_share_of_lifecycle']:+.2%}",
+        )
+    return out
 
 
 def run(**options: Any) -> Results:
     """Interleave clean and keep blocks on each backend; write <out_dir>/cleanup.json."""
-    return run_ab(
+    results = run_ab(
         "cleanup",
         cells,
         title="cleanup: cost per finalize command (median µs)",
@@ -100,6 +258,8 @@ def run(**options: Any) -> Results:
         what="finalize command with vs without cleanup",
         **options,
     )
+    (options.get("console") or Console()).print(lifecycle_table(results.rows))
+    return results
 
 
 if __name__ == "__main__":

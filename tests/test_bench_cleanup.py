@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import cleanup
 
 
@@ -23,3 +25,24 @@ def test_a_clean_command_appends_the_staging_cleared_event_and_deletes_the_rows(
         types = [r.type for r in log.read()]
     assert types == ["StaleResultRejected", "StaleResultRejected", "StagingCleared"]
     assert plane.list_keys(cleanup.STAGING) == {}
+
+
+def test_the_lifecycle_figures_time_real_group_lives_that_leave_no_staging_row(
+    tmp_path: Path,
+) -> None:
+    """Beside the verdict, the difference is put against a real finalize command and a
+    group's whole ledger life: those commands really run (each group finalized, its staging
+    rows cleared and recorded), and the shares follow from the figures."""
+    from eventlog import EventLog
+
+    with EventLog.open(tmp_path / "log.db") as log:
+        figures = cleanup.lifecycle_commands(log, 3, 0)
+        types = [r.type for r in log.read()]
+        staged = [r for r in log.read() if r.type == "TokensStaged"]
+    assert types.count("GroupFinalized") == types.count("StagingCleared") == 3
+    assert len(staged) == 3 * cleanup.SIBLINGS * cleanup.CALLS
+    assert 0 < figures["finalize"] < figures["group"]
+    assert figures["command"] == pytest.approx(figures["group"] / len(cleanup.LIFECYCLE))
+    row = cleanup.lifecycle_figures(10.0, [figures])
+    assert row["delta_share_of_finalize_command"] == round(10.0 / (figures["finalize"] * 1e6), 4)
+    assert row["delta_share_of_lifecycle"] == round(10.0 / (figures["group"] * 1e6), 4)
