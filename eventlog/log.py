@@ -172,8 +172,16 @@ class EventLog:
         expected_version: ExpectedVersion = ANY,
     ) -> AppendResult:
         """`append` for asyncio: waits for the shared commit without blocking the loop."""
-        results = await self.append_batch_async([AppendRequest(stream, events, expected_version)])
-        return results[0]
+        # `append_batch_async` inlined: one coroutine per append, not two.
+        resume = pause_collector()
+        try:
+            future = self._writer.submit_async(
+                self._prepare([AppendRequest(stream, events, expected_version)])
+            )
+        finally:
+            if resume:
+                gc.enable()
+        return (await future)[0]
 
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         resume = pause_collector()  # while encoding and queueing: never across the await

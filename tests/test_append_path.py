@@ -241,3 +241,26 @@ def test_an_append_runs_no_garbage_collection_and_leaves_the_collector_as_it_was
         gc.callbacks.remove(seen)
     with EventLog.open(log_target) as reopened:
         assert reopened.head() == 3001
+
+
+def test_append_async_queues_its_append_without_a_second_coroutine(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One coroutine per awaited append (it went through append_batch_async: two), and the
+    result is the one request's."""
+
+    def refused(self: EventLog, requests: Any) -> Any:
+        raise AssertionError("append_async went through append_batch_async")
+
+    monkeypatch.setattr(EventLog, "append_batch_async", refused)
+
+    async def both() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                log.append_async("a", [LogNote(text="x")], NO_STREAM),
+                log.append_async("a", [LogNote(text="y")], 0),
+            )
+        )
+
+    first, second = asyncio.run(both())
+    assert (first.stream, first.versions, second.versions) == ("a", [0], [1])
