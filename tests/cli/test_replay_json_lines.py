@@ -1,0 +1,110 @@
+"""`replay --json` writes most records the short way (`views.write_json_line`: one encoding
+of the envelope and one of the event) and the rest the long way (`view_record`, then
+`json_object`). The long way is the definition: every line must be its bytes exactly."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from eventlog.cli import views
+from eventlog.cli.output import json_line
+from eventlog.cli.views import json_object, view_record
+from eventlog.events import Event, event_type
+from eventlog.log import EventLog
+from eventlog.recovery.cli.runlog import RunLog
+from tests.cli.audited_run import AuditedRun
+from tests.cli.helpers import cli, insert_raw, line, lines
+
+
+@event_type
+class CliNothing(Event, frozen=True, kw_only=True):
+    """An event without fields: its JSON is the type tag alone."""
+
+
+def the_long_way(path: str, *, allow_unknown: bool = False) -> str:
+    """Every record's line as `json_line(json_object(view_record(...)))` writes it."""
+    log = EventLog.open(path, read_only=True)
+    try:
+        run = RunLog(log)
+        mark = run.mark if run.skipped else (lambda _seq: None)
+        return "".join(
+            json_line(
+                json_object(view_record(record, allow_unknown=allow_unknown, mark=mark(record.seq)))
+            )
+            + "\n"
+            for record in log.read_records()
+        )
+    finally:
+        log.close()
+
+
+def replayed(path: str, *args: str) -> str:
+    result = cli("replay", path, "--json", *args)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+def test_every_line_of_a_recovery_run_is_the_long_way_byte_for_byte(run: AuditedRun) -> None:
+    """The audited run: every ledger type, nested structs, rolled-back (marked) records."""
+    expected = the_long_way(run.path)
+    assert '"rolled_back":true' in expected  # marked records are part of the comparison
+    assert replayed(run.path) == expected
+
+
+def test_odd_values_and_unknown_records_are_the_long_way_byte_for_byte(log_file: str) -> None:
+    measured: dict[str, Any] = {
+        "name": 'quote " back\\slash \u00e9\u4e2d \U0001f600 \n tab\t',
+        "value": -0.1,
+        "ok": True,
+        "tags": ["a", "", "\u2028"],
+        "ref": {"name": "r", "weight": 1e300},
+        "trace_id": str(uuid.UUID(int=7)),
+    }
+    records = lines(
+        line('s/\u00e9 "q"', "CliMeasured", measured),
+        line("s", "CliMeasured", {**measured, "ref": None, "trace_id": None, "tags": []}),
+        line("empty", "CliNothing", {}),
+        line("s", "CliNote", {"text": ""}),
+    )
+    assert cli("append", log_file, input=records).exit_code == 0
+    insert_raw(log_file, "future", "CliVanished", 1, {"color": "red"})
+    assert replayed(log_file, "--allow-unknown") == the_long_way(log_file, allow_unknown=True)
+    assert '"data":{}' in replayed(log_file, "--type", "CliNothing")
+
+
+@pytest.fixture
+def long_ways(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The seqs `replay --json` sent the long way (view_record)."""
+    seen: list[int] = []
+    original = views.view_record
+
+    def counting(record: Any, **kwargs: Any) -> Any:
+        seen.append(record.seq)
+        return original(record, **kwargs)
+
+    monkeypatch.setattr(views, "view_record", counting)
+    return seen
+
+
+def test_only_marked_records_take_the_long_way(run: AuditedRun, long_ways: list[int]) -> None:
+    replayed(run.path)
+    assert marked_seqs(run) and long_ways == marked_seqs(run)
+
+
+def test_only_unreadable_records_take_the_long_way(log_file: str, long_ways: list[int]) -> None:
+    assert cli("append", log_file, input=line("s", "CliNote", {"text": "a"}) + "\n").exit_code == 0
+    unknown = insert_raw(log_file, "future", "CliVanished", 1, {"color": "red"})
+    replayed(log_file, "--allow-unknown")
+    assert long_ways == [unknown]
+
+
+def marked_seqs(run: AuditedRun) -> list[int]:
+    log = EventLog.open(run.path, read_only=True)
+    try:
+        marks = RunLog(log)
+        return [r.seq for r in log.read_records() if marks.mark(r.seq) is not None]
+    finally:
+        log.close()
