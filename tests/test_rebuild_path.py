@@ -58,6 +58,17 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
             return _method(*args, **kw)
 
         monkeypatch.setattr(EventLog, name, counted)
+    # Records built (a RecordedEvent with its event id): the restore's per-group reads decode
+    # rows straight into events, so only the controller stream's records are built.
+    import eventlog.log
+
+    decode_row: Callable[..., Any] = eventlog.log._decode_row
+
+    def built(*args: Any) -> Any:
+        calls["record built"] += 1
+        return decode_row(*args)
+
+    monkeypatch.setattr(eventlog.log, "_decode_row", built)
     return calls
 
 
@@ -82,7 +93,8 @@ def test_a_restore_reads_the_log_in_as_many_calls_for_3_groups_as_for_12(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No read per group or per attempt stream: the group streams, the attempt streams that
-    unreferenced rows name and the versions the restore appends at go in batched calls."""
+    unreferenced rows name and the versions the restore appends at go in batched calls, and
+    no record object is built per record they hold."""
     few, few_plan = _restore_reads(tmp_path, 3, monkeypatch)
     many, many_plan = _restore_reads(tmp_path, 12, monkeypatch)
     # The runs restored what they should: each group's sealed sibling kept, the other two
@@ -94,6 +106,39 @@ def test_a_restore_reads_the_log_in_as_many_calls_for_3_groups_as_for_12(
     assert many_plan.staging.clear_never_staged == []
     assert few == many, (few, many)
     assert many["read_stream"] <= 2 and many["stream_version"] <= 2, many
+
+
+def test_a_restore_folds_its_restart_events_once_and_adopts_that_state(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore validates its restart events by folding them while it prepares; the
+    ledger adopts that state instead of folding every abandon and retry again, and what it
+    adopted is what the log folds to."""
+    import eventlog.recovery.ledger
+    from eventlog.recovery.ledger import RecoveryLedger
+    from tests.fixtures.ledger import open_harness
+
+    h = open_harness(tmp_path / "run.db")
+    try:
+        _run(h, 3)
+        h.fresh_process()
+        folded_by_ledger: list[str] = []
+        real = fold
+
+        def counted(state: LedgerState, event: Any) -> LedgerState:
+            folded_by_ledger.append(type(event).__name__)
+            return real(state, event)
+
+        monkeypatch.setattr(eventlog.recovery.ledger, "fold", counted)
+        plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+        restarted = [r.type for r in h.log.read(types=["UnsealedAbandoned", "RetryPrepared"])]
+        assert plan.counts["siblings_redispatched"] == 6 and len(restarted) == 6
+        assert not {"UnsealedAbandoned", "RetryPrepared"} & set(folded_by_ledger)
+        rebuilt = RecoveryLedger.open(h.log, h.data_plane, read_only=True)
+        assert rebuilt.digest() == h.ledger.digest()
+        assert all(h.ledger.group(f"g{g}").indices("reserved") == [1, 2] for g in range(3))
+    finally:
+        h.log.close()
 
 
 def _log_with_a_run(h: Harness) -> None:

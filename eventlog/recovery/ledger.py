@@ -436,14 +436,21 @@ class RecoveryLedger:
         return NO_STREAM if version is None else version
 
     def _prepare(
-        self, cut: Cut, appends: Sequence[Append], *, base: LedgerState | None = None
+        self,
+        cut: Cut,
+        appends: Sequence[Append],
+        *,
+        base: LedgerState | None = None,
+        folded: LedgerState | None = None,
     ) -> _Pending:
         """Validate by folding into a trial of the state; nothing is appended yet.
 
         The trial is an overlay over the live state (eventlog.recovery.trial): it costs what
         the command changes, not the groups held. `base` is the state to fold into instead of
         this ledger's (a restore's checkpoint state); adopting it also lifts the fence, since
-        a restore starts over from the log.
+        a restore starts over from the log. `folded`: the state these very appends already
+        folded into from `base` (a restore's `restored`, validated while it prepared): it is
+        adopted as it is instead of folding every restart event a second time.
         """
         self._require_cut(cut)
         if base is None and self._superseded is not None:
@@ -451,11 +458,14 @@ class RecoveryLedger:
         if base is None and self._fenced is not None:
             raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
         trial = Trial(self._require_state() if base is None else base)
-        with _rules():
-            for _, _, events in appends:
-                for event in events:
-                    _check_types(event)
-                    fold(trial.state, event)
+        if folded is not None:
+            trial.take(folded)
+        else:
+            with _rules():
+                for _, _, events in appends:
+                    for event in events:
+                        _check_types(event)
+                        fold(trial.state, event)
         requests = [
             AppendRequest(s, list(evs), self._expected(s) if v is None else v)
             for s, v, evs in appends
@@ -1424,7 +1434,9 @@ class RecoveryLedger:
             self._versions = {**prepared.versions, CONTROLLER_STREAM: started.versions[-1]}
             self._skipped = skipped
             self._prompts = dict(prepared.prompts)
-            (yield self._prepare(cut, appends))
+            # The restart events were folded (and every rule checked) into `restored` from
+            # the checkpoint state this ledger now holds: adopted as folded, not folded again.
+            (yield self._prepare(cut, appends, folded=prepared.restored))
         except ConcurrencyError as exc:
             self._fenced = f"another writer appended to stream {exc.stream!r} during restore"
             raise

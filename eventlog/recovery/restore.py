@@ -19,10 +19,11 @@ from typing import Any, Protocol
 
 import msgspec
 
+from eventlog import codec
 from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
 from eventlog.log import EventLog
-from eventlog.records import NO_STREAM, ExpectedVersion, RecordedEvent
+from eventlog.records import NO_STREAM, ExpectedVersion
 from eventlog.recovery.checkpoint import check_ledger_digest, fold_from_snapshot
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import (
@@ -520,19 +521,28 @@ _STREAMS_PER_READ = 500
 
 
 def _read_streams(
-    log: EventLog, streams: Sequence[str], types: Sequence[str]
-) -> Iterator[RecordedEvent]:
-    """The records of `types` in `streams`, a few hundred streams per query."""
-    for start in range(0, len(streams), _STREAMS_PER_READ):
-        chunk = streams[start : start + _STREAMS_PER_READ]
-        yield from log.read(streams=chunk, types=types, page_size=5000)
+    log: EventLog, streams: Sequence[str] | None, types: Sequence[str]
+) -> Iterator[tuple[str, Event]]:
+    """(stream, event) of the records of `types` in `streams` (every stream: None), a few
+    hundred streams per query; each checked row's payload is decoded straight into its
+    event, without a record object or an event id per row."""
+    decode = codec.decode
+    chunks = (
+        [None]
+        if streams is None
+        else [streams[i : i + _STREAMS_PER_READ] for i in range(0, len(streams), _STREAMS_PER_READ)]
+    )
+    for chunk in chunks:
+        rows = log.read_rows(streams=chunk, types=types, page_size=5000)
+        for seq, stream, _, _, type_name, schema, _, payload, _ in rows:
+            yield stream, decode(type_name, schema, payload, seq=seq)
 
 
 def attempt_histories(log: EventLog, streams: Sequence[str]) -> dict[str, list[Event]]:
     """Per group stream, its records that mint or use attempt numbers, rolled-back included."""
     found: dict[str, list[Event]] = {}
-    for rec in _read_streams(log, streams, _ATTEMPT_NUMBERS):
-        found.setdefault(rec.stream, []).append(rec.event)
+    for stream, event in _read_streams(log, streams, _ATTEMPT_NUMBERS):
+        found.setdefault(stream, []).append(event)
     return found
 
 
@@ -549,12 +559,14 @@ def _staged(
     every TokensStaged record, which grows with the length of the whole run.
     """
     rollout_ids = {present[key].get("rollout_id") for key in present if key not in owned}
-    if None in rollout_ids:
-        records = log.read(types=["TokensStaged"])
-    else:
-        wanted = [attempt_stream(r) for r in sorted(r for r in rollout_ids if r is not None)]
-        records = _read_streams(log, wanted, ["TokensStaged"])
-    staged = staged_by((r.event for r in records), partition)
+    wanted = (
+        None
+        if None in rollout_ids
+        else [attempt_stream(r) for r in sorted(r for r in rollout_ids if r is not None)]
+    )
+    staged = staged_by(
+        (event for _, event in _read_streams(log, wanted, ["TokensStaged"])), partition
+    )
     # A worker killed between its put and its TokensStaged left a row its tag still names:
     # it belongs to that attempt (its stream exists: GenerationStarted), not to "never staged".
     untold = {

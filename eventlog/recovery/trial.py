@@ -99,6 +99,23 @@ class Trial:
             + [f"replay:{k}" for k in self.replay.touched()]
         )
 
+    def take(self, folded: LedgerState) -> None:
+        """Write what `folded` changed: a state folded from a copy of this trial's live state
+        (`LedgerState.copy`, values shared), whose events need not be folded again. A value
+        not identical to the live one is written, a key it lacks is deleted."""
+        pairs = (
+            (self.groups, folded.groups),
+            (self.admissions, folded.admissions),
+            (self.replay, folded.replay),
+        )
+        for overlay, now in cast(tuple[tuple[Overlay[str, object], dict[str, object]], ...], pairs):
+            live = overlay.base
+            for key, value in now.items():
+                if live.get(key, _ABSENT) is not value:
+                    overlay[key] = value
+            for key in [k for k in live if k not in now]:
+                del overlay[key]
+
     def adopt(self) -> None:
         """Make the trial's changes live (only the keys it touched are written)."""
         for overlay in (self.groups, self.admissions, self.replay):
