@@ -13,12 +13,13 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from eventlog import NO_STREAM, AppendRequest, EventLog, Proposed
+from eventlog import NO_STREAM, AppendRequest, ConcurrencyError, EventLog, Proposed
 from eventlog.store.postgres import PostgresDialect
 from eventlog.store.sqlite import SqliteDialect
 from tests.vocabulary import LogNote
@@ -264,3 +265,88 @@ def test_append_async_queues_its_append_without_a_second_coroutine(
 
     first, second = asyncio.run(both())
     assert (first.stream, first.versions, second.versions) == ("a", [0], [1])
+
+
+def _traced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SQL the SQLite writer sends, from each transaction's BEGIN on."""
+    statements: list[str] = []
+    begin = SqliteDialect.begin_write
+
+    def tracing(self: SqliteDialect, cursor: Any) -> None:
+        cursor.connection.set_trace_callback(statements.append)
+        begin(self, cursor)
+
+    monkeypatch.setattr(SqliteDialect, "begin_write", tracing)
+    return statements
+
+
+def test_a_new_stream_appended_with_no_stream_costs_no_version_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream the writer has not seen, named once in the batch with NO_STREAM and events,
+    is taken to be new: its version-0 row is the check. An assertion without events, or a
+    stream named twice, is still read."""
+    statements = _traced(monkeypatch)
+    with EventLog.open(tmp_path / "log.db") as log:
+        log.append("a", [LogNote(text="x")], NO_STREAM)
+        log.append_batch([AppendRequest(f"s{i}", [LogNote(text="x")], NO_STREAM) for i in range(5)])
+        assert not any("max(version)" in s for s in statements)
+        log.append_batch([AppendRequest("empty", [], NO_STREAM)])
+        assert sum("max(version)" in s for s in statements) == 1
+        log.append_batch(
+            [
+                AppendRequest("twice", [], NO_STREAM),
+                AppendRequest("twice", [LogNote(text="y")], NO_STREAM),
+            ]
+        )
+        assert sum("max(version)" in s for s in statements) == 2
+        assert log.head() == 7 and log.verify().ok
+
+
+def test_a_stream_taken_to_be_new_that_exists_fails_alone_with_its_concurrency_error(
+    log_target: str,
+) -> None:
+    """Another writer created the stream behind this writer's back: the guess is refused by
+    the unique index, the batch is planned again with the versions read, and only the
+    request that expected no stream fails; a rejected guess is not remembered as new."""
+    with EventLog.open(log_target) as log, EventLog.open(log_target) as other:
+        log.append("warm", [LogNote(text="x")])
+        other.append("taken", [LogNote(text="theirs")], NO_STREAM)
+        with pytest.raises(ConcurrencyError) as refused:
+            log.append("taken", [LogNote(text="mine")], NO_STREAM)
+        assert (refused.value.stream, refused.value.actual) == ("taken", 0)
+
+        async def together() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    log.append_async("taken", [LogNote(text="again")], NO_STREAM),
+                    log.append_async("fresh", [LogNote(text="new")], NO_STREAM),
+                    return_exceptions=True,
+                )
+            )
+
+        other.append("taken", [LogNote(text="theirs 2")], 0)
+        again, fresh = asyncio.run(together())
+        assert isinstance(again, ConcurrencyError) and again.actual == 1
+        assert fresh.versions == [0]
+        assert log.append("taken", [LogNote(text="mine")], 1).versions == [2]
+        assert [r.event for r in log.read_stream("taken")] == [
+            LogNote(text="theirs"),
+            LogNote(text="theirs 2"),
+            LogNote(text="mine"),
+        ]
+        # A guess whose submission failed for another reason was never checked: the next
+        # append to that stream does not take it as known to be new.
+        other.append("hidden", [LogNote(text="theirs")], NO_STREAM)
+        with pytest.raises(ConcurrencyError) as refused:
+            log.append_batch(
+                [
+                    AppendRequest("hidden", [LogNote(text="mine")], NO_STREAM),
+                    AppendRequest("warm", [LogNote(text="x")], 99),
+                ]
+            )
+        assert refused.value.stream == "warm"
+        with pytest.raises(ConcurrencyError) as refused:
+            log.append("hidden", [LogNote(text="mine")], NO_STREAM)
+        assert (refused.value.stream, refused.value.actual) == ("hidden", 0)
+        assert log.verify().ok

@@ -29,6 +29,7 @@ from eventlog.errors import (
     EventLogError,
     InvalidEventError,
     StorageDamagedError,
+    StorageIntegrityError,
     StorageUnavailableError,
 )
 from eventlog.ids import mint_event_ids, new_event_ids, uuid_from_bytes
@@ -64,6 +65,10 @@ _SELECT_RECORDS = (
 _SELECT_PAYLOADS = (
     "SELECT seq, type, schema, recorded_at, payload FROM events"
     " WHERE seq >= {m} AND seq <= {m} ORDER BY seq LIMIT {m}"
+)
+_SELECT_TYPED_PAYLOADS = (
+    "SELECT seq, type, schema, recorded_at, payload FROM events"
+    " WHERE seq >= {m} AND seq <= {m} AND type IN ({}) ORDER BY seq LIMIT {m}"
 )
 _SEQ_FROM = "seq >= {m}"
 _SEQ_UNTIL = "seq <= {m}"
@@ -189,6 +194,8 @@ class _Batch:
     """Ids minted for the whole transaction at once (a request with chosen ids takes none),
     and each one's 16 bytes; `taken` of them are used."""
     taken: int = 0
+    assumed: list[str] = field(default_factory=list)
+    """Streams taken to be new without reading their version (see `_assumable`)."""
 
 
 class SqlStore:
@@ -205,32 +212,42 @@ class SqlStore:
         self._known_versions: dict[str, int | None] = {}
         self._writer_conn: Connection | None = None
         self._statements: dict[tuple[str, tuple[int, ...]], str] = {}
+        self._assumed = False
+        """Whether the transaction being written took a stream to be new unread."""
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(self, submissions: Sequence[Submission]) -> list[Outcome]:
+    def write(self, submissions: Sequence[Submission], *, assume: bool = True) -> list[Outcome]:
         """Commit every valid submission in one transaction; return one outcome each.
 
         A storage error raises the same typed error whether the batch held one submission or
         many. Only a refusal tied to one submission's rows (a constraint, a value the database
         rejects) is retried one submission at a time, to isolate the culprit; a lock held past
         the busy timeout, a lost connection or a full disk fails the whole batch once.
+
+        `assume`: streams the writer does not know, appended to once with NO_STREAM, are
+        taken to be new without a version read; the unique (stream, version) index refuses
+        version 0 of a stream that exists, and then the batch is planned again with every
+        version read (so such a request fails with its ConcurrencyError, nothing else).
         """
         try:
-            return self._write_once(submissions)
+            return self._write_once(submissions, assume)
         except EventLogError:
             raise
         except Exception as exc:
             typed = translate(exc, self.target)
             if typed is None:
                 raise
+            if self._assumed and isinstance(typed, StorageIntegrityError):
+                log.debug("a stream taken to be new exists (%s); planning again", typed)
+                return self.write(submissions, assume=False)
             if len(submissions) == 1 or isinstance(typed, _WHOLE_BATCH_FAILURES):
                 raise typed from exc
             log.warning("batch of %d failed (%s); retrying one by one", len(submissions), typed)
         outcomes: list[Outcome] = []
         for index, submission in enumerate(submissions):
             try:
-                outcomes.extend(self._write_once([submission]))
+                outcomes.extend(self._write_once([submission], assume=False))
             except EventLogError as exc:
                 outcomes.append(exc)
             except Exception as exc:
@@ -252,10 +269,11 @@ class SqlStore:
             self.dialect.writer_connection(conn.connection.dbapi_connection)
         return conn
 
-    def _write_once(self, submissions: Sequence[Submission]) -> list[Outcome]:
+    def _write_once(self, submissions: Sequence[Submission], assume: bool) -> list[Outcome]:
         conn = self._connection()
+        self._assumed = False
         try:
-            return self._write_in(conn, submissions)
+            return self._write_in(conn, submissions, assume)
         except BaseException:
             # After a failed commit the connection's state is not worth trusting: drop it from
             # the pool too (a connection the server closed would fail the next batch again).
@@ -264,7 +282,9 @@ class SqlStore:
                 conn.invalidate()
             raise
 
-    def _write_in(self, conn: Connection, submissions: Sequence[Submission]) -> list[Outcome]:
+    def _write_in(
+        self, conn: Connection, submissions: Sequence[Submission], assume: bool
+    ) -> list[Outcome]:
         # The writer's transaction runs on the driver's own connection: it is the hot path of
         # every append, and Core's per-statement machinery cost more than the SQL itself.
         # On PostgreSQL the statements go out pipelined: one round trip takes the lock and
@@ -275,7 +295,7 @@ class SqlStore:
         try:
             with self.dialect.pipeline(dbapi):
                 self.dialect.begin_write(cursor)
-                batch = self._open_batch(dbapi, submissions)
+                batch = self._open_batch(dbapi, submissions, assume)
                 # One clock reading and one minting for the whole transaction, not one per
                 # submission (a group commit of single-event appends paid both per event).
                 batch.recorded_at = time.time_ns()
@@ -294,14 +314,21 @@ class SqlStore:
             raise
         finally:
             cursor.close()
-        # Committed: the versions we planned with are the log's versions as of batch.head.
+        # Committed: the versions we planned with are the log's versions as of batch.head,
+        # except a stream taken to be new that nothing was appended to (never checked).
+        versions = batch.versions
+        for stream in batch.assumed:
+            if versions[stream] is None:
+                del versions[stream]
         if len(self._known_versions) > _KNOWN_STREAMS:
             self._known_versions = {}
-        self._known_versions.update(batch.versions)
+        self._known_versions.update(versions)
         self._known_head = batch.head
         return outcomes
 
-    def _open_batch(self, dbapi: Any, submissions: Sequence[Submission]) -> _Batch:
+    def _open_batch(
+        self, dbapi: Any, submissions: Sequence[Submission], assume: bool = False
+    ) -> _Batch:
         """Read what planning needs. Every query is sent before the first result is read
         (pipelined on PostgreSQL), betting that our cached versions are still the log's;
         when the tail shows another writer, the cached ones are read again."""
@@ -310,6 +337,10 @@ class SqlStore:
         streams = {request.stream for submission in submissions for request in submission}
         known = self._known_versions
         missing = [stream for stream in streams if stream not in known]
+        assumed: list[str] = []
+        if missing and assume:
+            missing, assumed = _assumable(submissions, missing)
+            self._assumed = bool(assumed)
         version_reads = (
             [self._query(dbapi, _VERSIONS_SQL, chunk) for chunk in _chunks(missing)]
             if missing
@@ -331,6 +362,8 @@ class SqlStore:
         last = tail.fetchone()
         head, last_chain = (last[0], bytes(last[1])) if last else (0, chain.GENESIS)
         versions: dict[str, int | None] = dict.fromkeys(missing)
+        if assumed:
+            versions.update(dict.fromkeys(assumed))
         for read in version_reads:
             versions.update(read.fetchall())
         if head == self._known_head:
@@ -352,7 +385,9 @@ class SqlStore:
                     where[4],
                     bytes(where[5]),
                 )
-        return _Batch(head=head, last_chain=last_chain, versions=versions, placed=placed)
+        return _Batch(
+            head=head, last_chain=last_chain, versions=versions, placed=placed, assumed=assumed
+        )
 
     def _query(self, dbapi: Any, sql: str, values: list[Any]) -> Any:
         """A cursor on which `sql` (with one marker per value for its IN list) was sent."""
@@ -684,17 +719,29 @@ class SqlStore:
             next_seq = page[-1][0] + 1
 
     def read_payloads(
-        self, from_seq: int, until_seq: int, page_size: int = 1000
+        self,
+        from_seq: int,
+        until_seq: int,
+        page_size: int = 1000,
+        types: Sequence[str] | None = None,
     ) -> Iterator[PayloadRow]:
-        """(seq, type, schema, recorded_at, payload) of the records in from_seq..until_seq,
-        in seq order, checked: what a whole-log audit decodes, without the columns it does
-        not read (a third fewer values for the driver to build per record)."""
+        """(seq, type, schema, recorded_at, payload) of the records in from_seq..until_seq
+        (only those of `types`, when given), in seq order, checked: what a whole-log audit
+        or a rebuild decodes, without the columns it does not read (a third fewer values for
+        the driver to build per record)."""
         _check_seq("from_seq", from_seq)
         _check_seq("until_seq", until_seq)
-        sql = self._sql(_SELECT_PAYLOADS)
+        if types is not None and not types:
+            return
+        if types is None:
+            sql, wanted = self._sql(_SELECT_PAYLOADS), []
+        else:
+            sql, wanted = self._sql(_SELECT_TYPED_PAYLOADS, len(types)), list(types)
         next_seq = max(from_seq, 1)
         while True:
-            page = self._fetch(sql, [next_seq, until_seq, page_size], next_seq, _checked_payload)
+            page = self._fetch(
+                sql, [next_seq, until_seq, *wanted, page_size], next_seq, _checked_payload
+            )
             yield from page
             if len(page) < page_size:
                 return
@@ -843,6 +890,21 @@ def _check_seq(name: str, value: int | None) -> None:
         raise InvalidEventError(
             f"{name} {value} is beyond the largest seq a log can hold ({MAX_SEQ})"
         )
+
+
+def _assumable(
+    submissions: Sequence[Submission], missing: list[str]
+) -> tuple[list[str], list[str]]:
+    """`missing` split into the streams whose version must be read and those taken to be
+    new unread: a stream named by one request only in the whole batch, expecting NO_STREAM
+    and carrying events. Its version-0 row is then what checks the guess (the unique
+    (stream, version) index refuses it when the stream exists, failing the transaction),
+    and no other request's outcome rests on it."""
+    once: dict[str, bool] = {}
+    for submission in submissions:
+        for stream, expected, items, _ in submission:
+            once[stream] = stream not in once and expected == EXPECT_NO_STREAM and bool(items)
+    return [s for s in missing if not once[s]], [s for s in missing if once[s]]
 
 
 def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
