@@ -322,11 +322,18 @@ class EventLog:
         return self._store.read_rows(from_seq, until_seq, streams, types, page_size)
 
     def read_payloads(
-        self, from_seq: int = 1, until_seq: int | None = None
+        self,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        *,
+        types: Sequence[str] | None = None,
+        page_size: int = 1000,
     ) -> Iterator[PayloadRow]:
-        """(seq, type, schema, recorded_at, payload) of each record, in seq order, checked:
-        for whole-log audits that read only these."""
-        return self._store.read_payloads(from_seq, self.head() if until_seq is None else until_seq)
+        """(seq, type, schema, recorded_at, payload) of each record (of `types`, when given),
+        in seq order, checked: for whole-log audits and rebuilds that read only these
+        (`codec.decode` turns a row's payload into its event)."""
+        until = self.head() if until_seq is None else until_seq
+        return self._store.read_payloads(from_seq, until, page_size, types)
 
     def counts(self, until_seq: int | None = None) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of the records up to `until_seq` (the

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from eventlog import AppendRequest, EventLog
+from eventlog.events import Event, event_type
 from tests.vocabulary import LogNote
 
 
@@ -73,3 +74,25 @@ def test_whole_log_audit_reads_give_the_records_columns(log: EventLog) -> None:
     ]
     kinds = [("LogNote", "s0", 7, 1), ("LogNote", "s1", 7, 2), ("LogNote", "s2", 6, 3)]
     assert sorted(log.counts(20)) == kinds
+
+
+@event_type
+class ReadPathMark(Event, frozen=True, kw_only=True):
+    """A second type, for reads that keep only some types."""
+
+    n: int
+
+
+def test_payload_reads_keep_only_the_types_asked_for_across_pages(log: EventLog) -> None:
+    """What a rebuild reads (`fold_records`): only the columns it decodes, only the types
+    the fold handles, in seq order over several pages, on every backend."""
+    log.append_batch([AppendRequest("marks", [ReadPathMark(n=i) for i in range(7)])])
+    log.append_batch([AppendRequest("s0", [LogNote(text="after")], expected_version=9)])
+    records = list(log.read_records())
+    marks = [(r.seq, r.type, r.schema, r.recorded_at, r.payload) for r in records[30:37]]
+    assert list(log.read_payloads(types=["ReadPathMark"], page_size=3)) == marks
+    both = list(log.read_payloads(5, 36, types=["ReadPathMark", "LogNote"], page_size=4))
+    assert [row[0] for row in both] == list(range(5, 37))
+    notes = list(log.read_payloads(types=["LogNote", "Nope"], page_size=2))
+    assert [row[0] for row in notes] == [*range(1, 31), 38]
+    assert list(log.read_payloads(types=[])) == []

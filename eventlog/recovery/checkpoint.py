@@ -154,19 +154,23 @@ def fold_records(
     """Fold the effective records of from_seq..until_seq into `state`: every rebuild's loop.
 
     Reads only the types the fold handles (`FOLDED_TYPES`, a quarter of a run's records):
-    the others would be decoded only to be ignored. Each checked row's payload is decoded
-    straight into its event (`codec.decode`, which names the seq of one that does not
-    decode): no record object, event id or envelope is built for a rebuild that reads only
-    the event. A record that breaks a rule is named by its seq (InvalidEventError).
+    the others would be decoded only to be ignored. Only the columns it decodes are read
+    (`EventLog.read_payloads`), each checked row's payload straight into its event
+    (`codec.decode`, which names the seq of one that does not decode): no record object,
+    event id or envelope per record. A record that breaks a rule is named by its seq and
+    stream (InvalidEventError).
     """
-    rows = log.read_rows(from_seq, until_seq, types=FOLDED_TYPES, page_size=_FOLD_PAGE)
+    rows = log.read_payloads(from_seq, until_seq, types=FOLDED_TYPES, page_size=_FOLD_PAGE)
     decode = codec.decode
-    for seq, stream, _, _, type_name, schema, _, payload, _ in rows:
+    for seq, type_name, schema, _, payload in rows:
         if skipped and seq in skipped:
             continue
         try:
             fold(state, decode(type_name, schema, payload, seq=seq))
         except RuleViolation as exc:
+            # The stream is read only to name it (the rows carry the columns a fold uses).
+            found = next(iter(log.read_records(seq, seq)), None)
+            stream = "?" if found is None else found.stream
             raise InvalidEventError(
                 f"seq {seq} ({type_name} on stream {stream!r}) breaks a ledger rule: {exc}",
                 hint="the log was edited or written by something other than the ledger",
