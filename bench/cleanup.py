@@ -1,13 +1,15 @@
 """What the leak-free cleanup costs a command (issue 8): with and without, interleaved in one run.
 
 Finalizing a group frees its siblings' staging rows, and the ledger records that: the
-`StagingCleared` event (which keys, which attempt, why, which step) rides in the finalize
-command's own append, and the rows are deleted right after it. A leaking ledger would do
-neither. Each cell times the same one-event command append without that (keep) and with it
-(clean: the StagingCleared of 2 siblings x 2 calls in the same append, then the delete from
-an in-memory data plane), in the ABAB rounds, A-vs-A noise floor and verdict of
-`bench/fencing.py`. The worker's put of the rows is outside the timing in both kinds; a keep
-command's rows are deleted outside it too, so the plane does not grow.
+finalize's one record, GroupFinalized, lists them (which keys, staged by which attempt; why
+is the finalization, the step its target step), and the rows are deleted right after it is
+appended. A leaking ledger would do neither. Each cell times the same finalize append
+without that (keep: GroupFinalized alone) and with it (clean: GroupFinalized listing the
+rows of 2 siblings x 2 calls, then the delete from an in-memory data plane), in the ABAB
+rounds, A-vs-A noise floor and verdict of `bench/fencing.py`. The workers' put of the rows
+is outside the timing in both kinds; a keep command's rows are deleted outside it too, so
+the plane does not grow. (Before this, the clean-up was a second record, StagingCleared, in
+the same append: bench/README.md "Cleanup" has that figure beside this one.)
 
 The data plane is the in-memory one: a real TransferQueue's delete is a round trip to its
 actors whose cost is TQ's, and which a leak-free run pays once per row whichever ledger
@@ -15,7 +17,7 @@ drives it (here it is what is *added* to the command that is measured).
 
 Beside the verdict (per finalize command, against the fencing bench's ledger command), the
 difference is put against two real figures timed on the same log: a real finalize command
-(`RecoveryLedger.finalize`, StagingCleared and delete included) and all the ledger commands
+(`RecoveryLedger.finalize`, its listed keys and delete included) and all the ledger commands
 of one group's life (reserve, dispatch, a seal per sibling, start_finalization, finalize),
 since the cleanup is paid once per group, not on every command.
 
@@ -40,21 +42,21 @@ from bench.fencing import (
     STREAMS,
     Step,
     ab_row,
-    command_event,
     ledger_commands,
     rounds_of,
     run_ab,
 )
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
+from eventlog.events import Event, event_type
 from eventlog.records import ANY, NO_STREAM, AppendRequest
 from eventlog.recovery.barrier import MutationBarrier
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     ClearedKey,
+    GroupFinalized,
     PromptRef,
     Receipt,
-    StagingCleared,
     TokensStaged,
     attempt_stream,
 )
@@ -65,8 +67,34 @@ STAGING = "rollout_staging"
 LABELS = ("keep", "clean")
 
 
+@event_type
+class BenchFinalized(GroupFinalized, frozen=True, kw_only=True):
+    """GroupFinalized's fields and encoding under another type name: the ledger timed beside
+    on the same log folds by exact type, so it skips these (a GroupFinalized of a group it
+    never reserved would break its rules)."""
+
+
+def finalized(i: int, keys: list[str]) -> list[Event]:
+    """The finalize command's events for group `c{i}`: GroupFinalized, listing the staging
+    rows it frees when `keys` are given (what RecoveryLedger.finalize appends), bare when
+    not (what a leaking ledger would append)."""
+    return [
+        BenchFinalized(
+            group_id=f"c{i}",
+            owner="bench",
+            prompt_id=f"p{i}",
+            target_step=0,
+            canonical_row_ids=[f"c{i}_g{s}" for s in range(SIBLINGS)],
+            min_weight_version=0,
+            weight_versions=[[0] for _ in range(SIBLINGS)],
+            staging_partition=STAGING if keys else None,
+            staging_cleared=[ClearedKey(key=k, rollout_id=k.split("/")[0]) for k in keys],
+        )
+    ]
+
+
 def cleanup_step(log: EventLog, plane: InMemoryDataPlane) -> Step:
-    """One finalize-sized append, with the StagingCleared and the delete (clean) or without."""
+    """One finalize append, listing the staging rows and deleting them (clean) or not."""
     versions: dict[str, int] = {}
     tokens = torch.arange(16)
 
@@ -74,17 +102,7 @@ def cleanup_step(log: EventLog, plane: InMemoryDataPlane) -> Step:
         stream = f"group/c{i % STREAMS}"
         keys = [f"c{i}_g{s}/call-{c}" for s in range(SIBLINGS) for c in range(CALLS)]
         plane.put_rows(STAGING, {k: {"token_ids": tokens} for k in keys})  # the workers'
-        events: list[Any] = [command_event(i)]
-        if clean:
-            events.append(
-                StagingCleared(
-                    partition=STAGING,
-                    of_attempts=[ClearedKey(key=k, rollout_id=k.split("/")[0]) for k in keys],
-                    never_staged=[],
-                    reason=f"group 'c{i}' finalized into canonical rows",
-                    step=0,
-                )
-            )
+        events = finalized(i, keys if clean else [])
         known = versions.get(stream)
         request = AppendRequest(stream, events, NO_STREAM if known is None else known)
         started = time.perf_counter_ns()

@@ -10,20 +10,26 @@ import pytest
 from bench import cleanup
 
 
-def test_a_clean_command_appends_the_staging_cleared_event_and_deletes_the_rows(
+def test_a_clean_command_lists_the_staging_rows_in_its_record_and_deletes_them(
     tmp_path: Path,
 ) -> None:
-    """What the clean kind does is what finalize adds: the event in the same append, the delete."""
+    """What the clean kind does is what finalize adds: the keys in its one record, the delete."""
     from eventlog import EventLog
     from eventlog.dataplane.memory import InMemoryDataPlane
+    from eventlog.recovery.vocabulary import GroupFinalized
 
     plane = InMemoryDataPlane()
     with EventLog.open(tmp_path / "log.db") as log:
         step = cleanup.cleanup_step(log, plane)
         step(0, False)
         step(1, True)
-        types = [r.type for r in log.read()]
-    assert types == ["StaleResultRejected", "StaleResultRejected", "StagingCleared"]
+        kept, cleaned = [r.event for r in log.read()]
+    assert isinstance(kept, GroupFinalized) and isinstance(cleaned, GroupFinalized)
+    assert (kept.staging_cleared, kept.staging_partition) == ([], None)
+    assert [c.key for c in cleaned.staging_cleared] == [
+        f"c1_g{s}/call-{c}" for s in range(cleanup.SIBLINGS) for c in range(cleanup.CALLS)
+    ]
+    assert cleaned.staging_partition == cleanup.STAGING
     assert plane.list_keys(cleanup.STAGING) == {}
 
 
@@ -39,7 +45,7 @@ def test_the_lifecycle_figures_time_real_group_lives_that_leave_no_staging_row(
         figures = cleanup.lifecycle_commands(log, 3, 0)
         types = [r.type for r in log.read()]
         staged = [r for r in log.read() if r.type == "TokensStaged"]
-    assert types.count("GroupFinalized") == types.count("StagingCleared") == 3
+    assert types.count("GroupFinalized") == 3 and "StagingCleared" not in types
     assert len(staged) == 3 * cleanup.SIBLINGS * cleanup.CALLS
     assert 0 < figures["finalize"] < figures["group"]
     assert figures["command"] == pytest.approx(figures["group"] / len(cleanup.LIFECYCLE))

@@ -59,14 +59,20 @@ def test_finalize_records_the_staging_rows_it_frees_in_its_own_append_then_delet
     h.seal("g1", 0)
     h.seal("g1", 1)
     owned = h.ledger.group("g1").staging_keys()
+    staged_by = {
+        k: s.current.rollout_id
+        for s in h.ledger.group("g1").siblings
+        for k in s.current.staging_keys
+    }
     h.finalize("g1")
-    records = h.records(group_stream("g1"))
-    finalized, cleared = records[-2], records[-1]
+    finalized = h.records(group_stream("g1"))[-1]
     assert isinstance(finalized.event, GroupFinalized)
-    assert isinstance(cleared.event, StagingCleared)
-    assert cleared.seq == finalized.seq + 1  # one atomic append
-    assert [c.key for c in cleared.event.of_attempts] == owned
-    assert cleared.event.step == 3 and "finalized" in cleared.event.reason
+    assert finalized.seq == h.log.head()  # the fact and its clean-up are one record
+    event = finalized.event
+    assert [c.key for c in event.staging_cleared] == owned
+    assert {c.key: c.rollout_id for c in event.staging_cleared} == staged_by
+    assert event.staging_partition == STAGING and event.target_step == 3
+    assert not [r for r in h.records() if isinstance(r.event, StagingCleared)]
     assert h.data_plane.list_keys(STAGING) == {}
 
 
@@ -151,8 +157,8 @@ def test_log_first_delete_after_a_crash_in_between_leaves_rows_the_next_clean_up
         with pytest.raises(SystemExit):
             h.finalize("g1")
     # The log calls the rows cleared; they are still there. Deleting again is idempotent.
-    (logged,) = _events(h, group_stream("g1"), StagingCleared)
-    assert [c.key for c in logged.of_attempts] == keys
+    (logged,) = _events(h, group_stream("g1"), GroupFinalized)
+    assert [c.key for c in logged.staging_cleared] == keys
     assert sorted(h.data_plane.list_keys(STAGING)) == keys
     h.reopen()
     cleared = h.run(lambda cut: h.ledger.clear_superseded_rows(cut))

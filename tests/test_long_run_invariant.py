@@ -22,6 +22,7 @@ from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     GroupDiscarded,
+    GroupFinalized,
     RowsCleared,
     SiblingResult,
     StagingCleared,
@@ -56,6 +57,8 @@ class LoggedFirstDataPlane:
                 self.named |= {(ev.partition, k) for k in ev.keys}
             elif isinstance(ev, GroupDiscarded):
                 self.named |= {(STAGING, k) for k in ev.staging_keys}
+            elif isinstance(ev, GroupFinalized) and ev.staging_partition is not None:
+                self.named |= {(ev.staging_partition, c.key) for c in ev.staging_cleared}
         unlogged = [k for k in keys if (partition, k) not in self.named]
         assert not unlogged, f"deleted from {partition!r} before the log named them: {unlogged}"
         LoggedFirstDataPlane.deletes += len(keys)

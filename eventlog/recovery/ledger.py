@@ -1139,13 +1139,20 @@ class RecoveryLedger:
     ) -> Steps[ReplayEntry]:
         """The canonical rows exist: the group leaves the ledger for the replay buffer.
 
-        Its staging rows are no longer needed: GroupFinalized and the StagingCleared that
-        lists them are one append, and the rows are deleted after it (log first, delete
-        after; a crash in between leaves rows the next restore clears again).
+        Its staging rows are no longer needed: GroupFinalized lists them (which keys, staged
+        by which attempt; its target step) and the rows are deleted after it is appended (log
+        first, delete after; a crash in between leaves rows the next restore clears again).
+        One record, not GroupFinalized plus a StagingCleared: a second record in the append
+        was most of what the clean-up cost a finalize (issue 8, bench/README.md "Cleanup").
         """
         yield from self._read_staged(s.current.receipt for s in self.group(group_id).siblings)
         group = self.group(group_id)
         versions = self._weight_versions(group)
+        cleared = [
+            ClearedKey(key=key, rollout_id=s.current.rollout_id)
+            for s in group.siblings
+            for key in s.current.staging_keys
+        ]
         event = GroupFinalized(
             group_id=group_id,
             owner=owner,
@@ -1154,24 +1161,10 @@ class RecoveryLedger:
             canonical_row_ids=group.canonical_row_ids(),
             min_weight_version=min_weight_version,
             weight_versions=versions,
+            staging_partition=self.staging_partition if cleared else None,
+            staging_cleared=cleared,
         )
-        cleared = [
-            ClearedKey(key=key, rollout_id=s.current.rollout_id)
-            for s in group.siblings
-            for key in s.current.staging_keys
-        ]
-        events: list[Event] = [event]
-        if cleared:
-            events.append(
-                StagingCleared(
-                    partition=self.staging_partition,
-                    of_attempts=cleared,
-                    never_staged=[],
-                    reason=f"group {group_id!r} finalized into canonical rows",
-                    step=group.target_step,
-                )
-            )
-        (yield self._group_commit(cut, group_id, events))
+        (yield self._group_commit(cut, group_id, [event]))
         entry = self._require_state().replay[group_id]
         self._prompts.pop(group_id, None)
         self._forget_staged(group)

@@ -268,6 +268,13 @@ class GroupFinalized(Event, frozen=True, kw_only=True):
     min_weight_version: int | None
     weight_versions: list[list[int]] = msgspec.field(default_factory=list)
     """Per sibling, the policy versions its sealed attempt used (empty in older logs)."""
+    staging_partition: str | None = None
+    """Where `staging_cleared` lived (None: nothing cleared here, as in older logs, which
+    recorded the clean-up as a StagingCleared in the same append)."""
+    staging_cleared: list[ClearedKey] = msgspec.field(default_factory=list)
+    """The sealed attempts' staging rows, deleted from the data plane after this record:
+    which keys, staged by which attempt; why is the finalization itself, the step its
+    `target_step`. Recorded in this record, not in one more: a finalize is one record."""
 
 
 @event_type

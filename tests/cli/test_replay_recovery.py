@@ -107,8 +107,16 @@ def test_replay_group_includes_every_record_about_the_group_wherever_it_lives(
     by_stream = {
         o["stream"]: sorted({c["rollout_id"] for c in o["data"]["of_attempts"]}) for o in cleared
     }
-    # The failed attempt's rows at the checkpoint; the sealed ones' when g1 was finalized.
-    assert by_stream == {"controller": ["g1_g1"], "group/g1": ["g1_g0", "g1_g1-a2", "g1_g2-a1"]}
+    # The failed attempt's rows at the checkpoint; the sealed ones' when g1 was finalized,
+    # listed by its GroupFinalized (the fact and its clean-up are one record).
+    assert by_stream == {"controller": ["g1_g1"]}
+    (finalized,) = replayed(run.path, "--group", "g1", "--type", "GroupFinalized")
+    assert finalized["stream"] == "group/g1"
+    assert sorted({c["rollout_id"] for c in finalized["data"]["staging_cleared"]}) == [
+        "g1_g0",
+        "g1_g1-a2",
+        "g1_g2-a1",
+    ]
 
     # g2 trained before the checkpoint: no restore touched it, so none is shown
     g2 = replayed(run.path, "--group", "g2")
@@ -138,8 +146,9 @@ def test_replay_step_and_checkpoint_select_by_the_effective_checkpoints(
     )
     # g2's staging rows were cleared when it was finalized, in step 1: nothing left for later.
     assert replayed(run.path, "--step", "2", "--group", "g2") == []
-    both = replayed(run.path, "--step", "1", "--group", "g2", "--type", "StagingCleared")
-    assert [(o["stream"], o["data"]["step"]) for o in both] == [("group/g2", 1)]
+    both = replayed(run.path, "--step", "1", "--group", "g2", "--type", "GroupFinalized")
+    assert [(o["stream"], o["data"]["target_step"]) for o in both] == [("group/g2", 1)]
+    assert both[0]["data"]["staging_cleared"]
     assert checkpoints[2] == head
 
 

@@ -88,6 +88,7 @@ def diff_points(log: EventLog, a: int, b: int) -> Diff:
             sealed.extend(f"{ev.group_id}:{r.generation_index}" for r in ev.results)
         elif isinstance(ev, GroupFinalized):
             finalized.append(ev.group_id)
+            cleared += len(ev.staging_cleared)  # its sealed attempts' staging rows
         elif isinstance(ev, ReplayConsumed):
             trained.setdefault(ev.step, []).extend(ev.group_ids)
         elif isinstance(ev, ReplayEvicted):
