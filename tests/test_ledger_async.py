@@ -13,18 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
+
+import pytest
 
 from eventlog.recovery.barrier import Cut
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     GenerationStarted,
+    PromptRef,
     SiblingSealed,
     attempt_stream,
     group_stream,
 )
-from tests.fixtures.ledger import Harness
+from tests.fixtures.ledger import Harness, make_prompt
 
 T = TypeVar("T")
 
@@ -194,3 +198,45 @@ def test_a_rejected_async_command_appends_nothing_and_changes_nothing(harness: H
 
     assert error is not None and "g1" in str(error)
     assert (h.log.head(), h.ledger.digest()) == (head, digest)
+
+
+def test_a_fresh_group_id_and_its_reserve_read_the_log_once_and_off_the_loop(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL each stream-version read on the loop was a server round trip that stalled
+    every task (issue 12: three per reserved group); the id's absence is read once, in a
+    thread, and the reserve that follows knows it."""
+    h = harness
+    h.reserve("g1")  # a used id: its version is known from its own append
+    reads: list[tuple[str, bool]] = []
+    real = h.log.stream_version
+
+    def spy(stream: str) -> int | None:
+        reads.append((stream, threading.current_thread() is threading.main_thread()))
+        return real(stream)
+
+    monkeypatch.setattr(h.log, "stream_version", spy)
+    prompt = make_prompt("s2")
+
+    async def main() -> tuple[str, str]:
+        async with h.barrier.mutation("test") as cut:
+            group_id = await h.ledger.unused_group_id_async("g1")
+            await h.ledger.reserve_async(
+                cut,
+                group_id=group_id,
+                prompt=prompt,
+                prompt_ref=PromptRef(sample_id="s2", task_name="math"),
+                expected_generations=2,
+                start_weight_version=0,
+                admitted=True,
+                target_step=0,
+                granularity="sibling",
+            )
+            return group_id, await h.ledger.unused_group_id_async("g1")
+
+    first, after = asyncio.run(main())
+
+    assert (first, after) == ("g1-r1", "g1-r2")
+    assert reads == [(group_stream("g1-r1"), False), (group_stream("g1-r2"), False)]
+    assert h.ledger.prompt("g1-r1") == prompt
+    assert same_as_rebuilt(h)

@@ -283,6 +283,10 @@ class RecoveryLedger:
         """Where finalized groups' canonical rows live until they train or are evicted."""
         self._state: LedgerState | None = None
         self._versions: dict[str, int] = {}
+        self._absent: set[str] = set()
+        """Streams read as absent and not appended to since: not read again. Only this
+        ledger appends to its streams; another writer's append makes ours fail on NO_STREAM
+        and fences the ledger, as a stale entry of `_versions` does."""
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._staged: dict[str, dict[str, int]] = {}
@@ -345,6 +349,7 @@ class RecoveryLedger:
         head = self.log.head()
         _, self._skipped = controller_history(self.log, head)
         self._state, self._versions = fold_until(self.log, head, self._skipped)
+        self._absent = set()
         return head
 
     @property
@@ -429,11 +434,26 @@ class RecoveryLedger:
 
     def _expected(self, stream: str) -> ExpectedVersion:
         version = self._versions.get(stream)
-        if version is None:
-            version = self.log.stream_version(stream)
-            if version is not None:
-                self._versions[stream] = version
+        if version is None and stream not in self._absent:
+            self._learn(stream, self.log.stream_version(stream))
+            version = self._versions.get(stream)
         return NO_STREAM if version is None else version
+
+    async def _expected_async(self, stream: str) -> ExpectedVersion:
+        """`_expected` with its read (a stream's first) in a thread: a log read on the loop
+        (a server round trip on PostgreSQL) stalled every task on it."""
+        if stream not in self._versions and stream not in self._absent:
+            self._learn(stream, await asyncio.to_thread(self.log.stream_version, stream))
+        return self._expected(stream)
+
+    def _learn(self, stream: str, version: int | None) -> None:
+        """What a read found, unless an append of ours landed on the stream meanwhile."""
+        if stream in self._versions or stream in self._absent:
+            return
+        if version is None:
+            self._absent.add(stream)
+        else:
+            self._versions[stream] = version
 
     def _prepare(
         self,
@@ -684,6 +704,7 @@ class RecoveryLedger:
         for result in results:
             if result.versions:
                 self._versions[result.stream] = result.versions[-1]
+                self._absent.discard(result.stream)
             if result.stream == EPOCH_STREAM and result.versions:
                 self._epoch_version = result.versions[-1]
                 # built once per epoch: every command sends this same (immutable) request
@@ -1503,7 +1524,16 @@ class RecoveryLedger:
         restore takes the id this returns.
         """
         candidate, n = base, 0
-        while self.log.stream_version(group_stream(candidate)) is not None:
+        while self._expected(group_stream(candidate)) is not NO_STREAM:
+            n += 1
+            candidate = f"{base}-r{n}"
+        return candidate
+
+    async def unused_group_id_async(self, base: str) -> str:
+        """`unused_group_id` reading the log in a thread; the reserve that follows it finds
+        the stream's absence known and reads nothing on the loop."""
+        candidate, n = base, 0
+        while await self._expected_async(group_stream(candidate)) is not NO_STREAM:
             n += 1
             candidate = f"{base}-r{n}"
         return candidate

@@ -256,9 +256,9 @@ class Controller:
         self._steps.setdefault(step, []).append(group_id)
         return group
 
-    def _fresh_group_id(self, step: int, order: int) -> str:
+    async def _fresh_group_id(self, step: int, order: int) -> str:
         """`step{S}-g{J}`, suffixed when a rolled-back reservation already used that id."""
-        return self.ledger.unused_group_id(f"step{step}-g{order}")
+        return await self.ledger.unused_group_id_async(f"step{step}-g{order}")
 
     async def _open_step(self, step: int) -> None:
         """Reserve, admit and dispatch a step's groups (once; a restore may have done it)."""
@@ -271,7 +271,7 @@ class Controller:
         async with self.barrier.mutation("reserve") as cut:
             for order, sample_id in enumerate(sample_ids):
                 prompt = self.source.get(sample_id)
-                group_id = self._fresh_group_id(step, order)
+                group_id = await self._fresh_group_id(step, order)
                 if admission is None:
                     admission = f"step{step}" + group_id.removeprefix(f"step{step}-g{order}")
                 task = prompt.get("task_name")
