@@ -287,6 +287,39 @@ def test_a_restore_collects_no_garbage_while_it_prepares_and_leaves_the_collecto
         h.log.close()
 
 
+def test_a_rebuild_folds_with_the_collector_paused_and_leaves_it_on(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild's pages of rows, events and folded values are acyclic: the collector rests
+    while every record is folded (collections rescanned and promoted them), and is on again
+    afterwards, also when a record breaks a rule."""
+    import eventlog.recovery.checkpoint as checkpoint
+    from eventlog.errors import InvalidEventError
+    from projections.siblings import RuleViolation
+
+    h = harness
+    _log_with_a_run(h)
+    collector_on: list[bool] = []
+
+    def watched(state: LedgerState, event: Any) -> LedgerState:
+        collector_on.append(gc.isenabled())
+        return fold(state, event)
+
+    monkeypatch.setattr(checkpoint, "fold", watched)
+    assert gc.isenabled()
+    folded = fold_from_snapshot(h.log, h.log.head(), RolledBack())
+    assert folded.records_folded > 0 and collector_on and not any(collector_on)
+    assert gc.isenabled()
+
+    def breaks(state: LedgerState, event: Any) -> LedgerState:
+        raise RuleViolation("broken on purpose")
+
+    monkeypatch.setattr(checkpoint, "fold", breaks)
+    with pytest.raises(InvalidEventError, match="on stream 'group/"):
+        fold_from_snapshot(h.log, h.log.head(), RolledBack())
+    assert gc.isenabled()
+
+
 def test_the_ledger_state_values_are_not_tracked_by_the_collector(harness: Harness) -> None:
     """Frozen values holding only strings, numbers and other such values cannot be part of
     a cycle; untracked, a state of 10^5 siblings costs collections nothing."""

@@ -9,8 +9,6 @@ admission, to be admitted exactly once each.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,7 +22,7 @@ from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, ExpectedVersion
-from eventlog.recovery.checkpoint import check_ledger_digest, fold_from_snapshot
+from eventlog.recovery.checkpoint import check_ledger_digest, collector_paused, fold_from_snapshot
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import (
     LedgerRuleError,
@@ -294,22 +292,6 @@ def prepare_restore(
         return _prepare_restore(
             log, data_plane, partition, dataset, step, training_partition=training_partition
         )
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside; the collector is as it was afterwards.
-
-    What was allocated meanwhile is collected by the next collection as usual: nothing is
-    leaked, a restore's values are just not rescanned while it builds them.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _check_chain_anchor(log: EventLog, ckpt: CheckpointCommitted) -> None:
