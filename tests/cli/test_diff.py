@@ -75,3 +75,23 @@ def test_diff_of_points_in_the_wrong_order_or_unknown_is_one_line(run: AuditedRu
         result = cli("diff", run.path, *args)
         assert result.exit_code == 2, args
         assert result.stderr.splitlines() == [expected]
+
+
+def test_diff_counts_the_staging_rows_a_finalize_lists_and_the_clean_ups_beside_it(
+    run: AuditedRun,
+) -> None:
+    """rows_cleared: a finalize's own record lists its staging rows (GroupFinalized), the
+    checkpoints' and restores' clean-ups are StagingCleared records; both are counted."""
+    from eventlog.recovery.vocabulary import GroupFinalized, StagingCleared
+
+    head = run.h.log.head()
+    listed = 0
+    for r in run.h.log.read():
+        if isinstance(r.event, GroupFinalized):
+            listed += len(r.event.staging_cleared)
+        elif isinstance(r.event, StagingCleared):
+            listed += len(r.event.of_attempts) + len(r.event.never_staged)
+    assert any(
+        isinstance(r.event, GroupFinalized) and r.event.staging_cleared for r in run.h.log.read()
+    )
+    assert diff_json(run, "0", str(head))["rows_cleared"] == listed
