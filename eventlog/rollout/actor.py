@@ -12,6 +12,9 @@ choice, `EventRoute`:
   `EventLog` (group commit with everything else) and acknowledges; works on SQLite too.
   The hand-over is the actor call's own streaming reply (one item per append) and an
   ``ack``/``reject`` call back, so the actor waits for durability exactly as if it appended.
+  The controller sends an actor the answers that became ready in one turn of its loop as one
+  call (`RolloutActor.answer_all`): a group commit lands many forwarded appends at once, and
+  a Ray call per answer, each submitted on the loop, made that turn the loop's longest.
 
 Either way every event carries an id the actor chose (`ChosenIds`), so an append retried
 after a lost reply finds the original and never duplicates; the worker's ordering rules hold
@@ -67,6 +70,10 @@ class Forward:
 
     token: int
     requests: list[AppendRequest]
+
+
+Answer = tuple[int, list[AppendResult] | None, str | None]
+"""(a `Forward`'s token, its results or None, why it was refused or None)."""
 
 
 @dataclass(frozen=True)
@@ -235,9 +242,11 @@ class RolloutActor:
     def release_staging(self) -> None:
         self.gate.release()
 
-    def answer(self, token: int, results: list[AppendResult] | None, error: str | None) -> None:
-        """The controller's answer to a `Forward`: its results, or why it refused."""
-        self._forwarder.answer(token, results, error)
+    def answer_all(self, answers: list[Answer]) -> None:
+        """The controller's answers to `Forward`s, in the order given: each one's results,
+        or why it refused."""
+        for token, results, error in answers:
+            self._forwarder.answer(token, results, error)
 
     def stats(self) -> dict[str, float]:
         """The live worker's counters, and the commits of a direct actor's own log."""
@@ -320,6 +329,9 @@ class ActorPool:
         """Attempts in actor calls right now."""
         self._slots = PrioritySlots(slots)
         self._turn = itertools.count()
+        self._answers: dict[int, tuple[Any, list[Answer]]] = {}
+        """Per actor (by id), its handle and the answers not sent yet: sent together at the
+        loop's next turn."""
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version
@@ -386,9 +398,9 @@ class ActorPool:
                         results = await self.log.append_batch_async(item.requests)
                     except EventLogError as exc:
                         refused = exc
-                        actor.answer.remote(item.token, None, str(exc))
+                        self._answer(actor, (item.token, None, str(exc)))
                     else:
-                        actor.answer.remote(item.token, results, None)
+                        self._answer(actor, (item.token, results, None))
                 else:
                     outcome = item
         except asyncio.CancelledError:
@@ -412,6 +424,19 @@ class ActorPool:
             f"group {group_id!r}: {outcome.error_type}: {outcome.error}",
             error_type=outcome.error_type or "Exception",
         )
+
+    def _answer(self, actor: Any, answer: Answer) -> None:
+        """Queue an answer; the first queued for an actor this turn schedules the send."""
+        key = id(actor)
+        queued = self._answers.get(key)
+        if queued is None:
+            queued = self._answers[key] = (actor, [])
+            asyncio.get_running_loop().call_soon(self._send_answers, key)
+        queued[1].append(answer)
+
+    def _send_answers(self, key: int) -> None:
+        actor, answers = self._answers.pop(key)
+        actor.answer_all.remote(answers)
 
     def stats(self) -> list[dict[str, float]]:
         return list(ray.get([a.stats.remote() for a in self.actors]))
