@@ -108,7 +108,8 @@ def test_resolving_by_the_canonical_rows_in_the_real_transferqueue(
     with EventLog.open(path) as log:
         done = [r.event for r in log.read_stream(group_stream("done"))]
         lost = [r.event for r in log.read_stream(group_stream("lost"))]
-    assert isinstance(done[-2], GroupFinalized) and done[-2].owner == "f"
+    assert isinstance(done[-1], GroupFinalized) and done[-1].owner == "f"
+    assert done[-1].staging_cleared  # its sealed attempts' staging rows, in the same record
     assert isinstance(lost[-1], FinalizationRetryable)
     assert lost[-1].canonical_rows_cleared == written
     assert sorted(tq_data_plane.list_keys("training")) == ["done_g0", "done_g1"]
