@@ -278,3 +278,41 @@ def test_an_async_seal_reads_its_attempt_stream_outside_the_loop_thread(
     assert sealed is True
     assert read_in and all(t is not loop_thread for t in read_in)
     assert same_as_rebuilt(h)
+
+
+def test_a_seal_after_read_staged_async_reads_nothing_and_the_read_ran_off_the_loop(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller reads a result's attempt stream before it waits for the group's turn
+    (issue 12: holding the group through each read made its siblings wait for all of them);
+    the seal then finds the read kept."""
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    rid = h.rollout_id("g1", 0)
+    h.start_generation("g1", 0)
+    receipt = h.stage(rid)
+    reads: list[tuple[str, bool]] = []
+    read_stream = h.log.read_stream
+
+    def noted(stream: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append((stream, threading.current_thread() is threading.main_thread()))
+        return read_stream(stream, *args, **kwargs)
+
+    monkeypatch.setattr(h.log, "read_stream", noted)
+
+    async def main() -> list[tuple[str, bool]]:
+        await h.ledger.read_staged_async(receipt)
+        before_seal = list(reads)
+        async with h.barrier.mutation("test") as cut:
+            await h.ledger.seal_sibling_async(
+                cut, "g1", 0, rollout_id=rid, receipt=receipt, reward=1.0, mask_sample=False
+            )
+        return before_seal
+
+    before_seal = asyncio.run(main())
+
+    assert before_seal == [(attempt_stream(rid), False)]
+    assert reads == before_seal  # the seal read nothing more
+    assert h.ledger.group("g1").siblings[0].current.status == "sealed"
+    assert same_as_rebuilt(h)

@@ -1063,6 +1063,15 @@ class RecoveryLedger:
         if unread:
             (yield _Blocking(lambda: [self._staged_versions(r) for r in unread]))
 
+    async def read_staged_async(self, receipt: Receipt | None) -> None:
+        """Read, in a thread, the attempt stream a seal of `receipt` checks, so the seal finds
+        it kept and reads nothing: a caller that serializes the seals of one group (the
+        controller) reads before it waits its turn, and holds the group for the commit only.
+        A failed read is left to the seal, which reads again and reports it."""
+        for call in self._read_staged([receipt]):
+            if isinstance(call, _Blocking):  # (it yields nothing else)
+                await self._off_loop(call)
+
     def _forget_staged(self, group: GroupState) -> None:
         for sibling in group.siblings:
             for attempt in sibling.attempts:

@@ -404,6 +404,9 @@ class Controller:
                 f"attempt {result.rollout_id!r}: finished without reward or mask_sample"
             )
         ledger = self.ledger
+        # The seal's read of the attempt stream, before the group's turn: holding the group
+        # through the read as well made its siblings' seals wait for every read in turn.
+        await ledger.read_staged_async(result.receipt)
         async with group.lock, self.barrier.mutation("seal") as cut:
             try:
                 if group.granularity == "sibling":
