@@ -338,9 +338,15 @@ class ActorPool:
 
     @contextlib.asynccontextmanager
     async def staging_paused(self) -> AsyncIterator[None]:
-        """No actor puts a row inside (for a data-plane checkpoint)."""
-        await asyncio.gather(*(a.hold_staging.remote() for a in self.actors))
+        """No actor puts a row inside (for a data-plane checkpoint).
+
+        Every actor is released even when the caller is cancelled while the holds are in
+        flight: a hold the actor went on to take was otherwise never released, and the
+        actor's workers waited for it forever (the next controller's run stalled).
+        """
+        holds = [a.hold_staging.remote() for a in self.actors]
         try:
+            await asyncio.gather(*holds)
             yield
         finally:
             for actor in self.actors:

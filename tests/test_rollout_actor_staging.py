@@ -1,0 +1,80 @@
+"""`ActorPool.staging_paused` releases every actor, also when cancelled mid-hold (issue 12).
+
+A controller stopped while a checkpoint was taking the actors' staging holds left the holds
+the actors went on to take in place: their workers waited for the gate forever and the next
+controller's run stalled. Stand-ins for the actor handles (no Ray): a hold that the actor
+completes after the caller stopped waiting, as a Ray actor does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+from eventlog.rollout.actor import ActorPool
+from eventlog.rollout.worker import StagingGate
+
+
+class _Call:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self) -> Any:
+        return self.fn()
+
+
+class GatedActor:
+    """An actor's gate; `hold_staging` is answered only once `holds_done` is set."""
+
+    def __init__(self, holds_done: asyncio.Event) -> None:
+        self.gate = StagingGate()
+        self.holds_done = holds_done
+        self.hold_staging = _Call(self._hold)
+        self.release_staging = _Call(self.gate.release)
+
+    def _hold(self) -> asyncio.Future[None]:
+        async def hold() -> None:
+            await self.holds_done.wait()
+            await asyncio.to_thread(self.gate.hold)
+
+        # The caller's cancellation does not reach the actor's call: it runs on.
+        return asyncio.shield(asyncio.ensure_future(hold()))
+
+    def can_stage(self) -> bool:
+        """A put goes through within 2 s (the gate holds nothing)."""
+        put = threading.Thread(target=_stage, args=(self.gate,), daemon=True)
+        put.start()
+        put.join(timeout=2)
+        return not put.is_alive()
+
+
+def _stage(gate: StagingGate) -> None:
+    with gate.staging():
+        pass
+
+
+def test_a_checkpoint_cancelled_while_the_holds_are_in_flight_still_releases_every_actor() -> None:
+    actors: list[GatedActor] = []
+
+    async def main() -> None:
+        holds_done = asyncio.Event()
+        actors.extend([GatedActor(holds_done), GatedActor(holds_done)])
+        pool = ActorPool(log=None, actors=actors, slots=1)  # type: ignore[arg-type]
+
+        async def checkpoint() -> None:
+            async with pool.staging_paused():
+                raise AssertionError("the holds were never answered: not reached")
+
+        task = asyncio.ensure_future(checkpoint())
+        await asyncio.sleep(0.05)  # the holds are in flight
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        holds_done.set()  # the actors take their holds after the caller stopped waiting
+        await asyncio.sleep(0.2)
+
+    asyncio.run(main())
+
+    assert [actor.can_stage() for actor in actors] == [True, True]
