@@ -15,6 +15,11 @@ class CliNote(Event, frozen=True, kw_only=True):
     n: int = 0
 
 
+@event_type
+class CliBare(Event, frozen=True, kw_only=True):
+    """An event without fields: its JSON is the type tag alone."""
+
+
 class CliRef(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     weight: float

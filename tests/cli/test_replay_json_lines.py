@@ -12,16 +12,10 @@ import pytest
 from eventlog.cli import views
 from eventlog.cli.output import json_line
 from eventlog.cli.views import json_object, view_record
-from eventlog.events import Event, event_type
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog
 from tests.cli.audited_run import AuditedRun
 from tests.cli.helpers import cli, insert_raw, line, lines
-
-
-@event_type
-class CliNothing(Event, frozen=True, kw_only=True):
-    """An event without fields: its JSON is the type tag alone."""
 
 
 def the_long_way(path: str, *, allow_unknown: bool = False) -> str:
@@ -66,13 +60,13 @@ def test_odd_values_and_unknown_records_are_the_long_way_byte_for_byte(log_file:
     records = lines(
         line('s/\u00e9 "q"', "CliMeasured", measured),
         line("s", "CliMeasured", {**measured, "ref": None, "trace_id": None, "tags": []}),
-        line("empty", "CliNothing", {}),
+        line("empty", "CliBare", {}),
         line("s", "CliNote", {"text": ""}),
     )
     assert cli("append", log_file, input=records).exit_code == 0
     insert_raw(log_file, "future", "CliVanished", 1, {"color": "red"})
     assert replayed(log_file, "--allow-unknown") == the_long_way(log_file, allow_unknown=True)
-    assert '"data":{}' in replayed(log_file, "--type", "CliNothing")
+    assert '"data":{}' in replayed(log_file, "--type", "CliBare")
 
 
 @pytest.fixture
