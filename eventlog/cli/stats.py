@@ -7,6 +7,7 @@ import copy
 import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import click
@@ -91,18 +92,27 @@ def stats(target: str, as_json: bool) -> None:
     """
     command = click.get_current_context().command
     factories = command.sections if isinstance(command, StatsCommand) else ()
-    with open_log(target) as log:
+    with open_log(target) as log, ThreadPoolExecutor(1, "stats-counts") as beside:
         head = log.head()
-        by_type, by_prefix = _counted(log.counts(head))
+        # The counts are one aggregate query, spent inside the database's C code with the
+        # GIL released: it runs on its own read connection while the sections' pass runs.
+        counting = beside.submit(log.counts, head)
         first_ns: int | None = None
         last_ns: int | None = None
-        for _, _, _, _, _, _, at, _, _ in itertools.islice(log.read_rows(1, head), 1):
-            first_ns = at
-        for _, _, _, _, _, _, at, _, _ in log.read_rows(head, head):
-            last_ns = at
-        sections = [factory(log) for factory in factories]
-        for section in sections:
-            section.read(log, head)
+        try:
+            for _, _, _, _, _, _, at, _, _ in itertools.islice(log.read_rows(1, head), 1):
+                first_ns = at
+            for _, _, _, _, _, _, at, _, _ in log.read_rows(head, head):
+                last_ns = at
+            sections = [factory(log) for factory in factories]
+            for section in sections:
+                section.read(log, head)
+        except BaseException:
+            failed = counting.exception()  # the counts' error first, as when they ran first
+            if failed is not None:
+                raise failed from None
+            raise
+        by_type, by_prefix = _counted(counting.result())
     total = sum(by_type.values())
     found = [(section, section.report()) for section in sections]
     if as_json:
