@@ -12,6 +12,11 @@ concurrency) with no log and no staging. Reported per cell (medians over repeats
 - ``log_cpu_share``: CPU time the log spent (encoding in the worker plus the writer thread;
   fsync waits cost none) over the worker's wall time: what logging takes from generation
   on a machine where CPU is the bottleneck. The target is < 2 %;
+- ``log_cpu_share_of_cpu``: the same log CPU over the CPU the worker's process spent while
+  the cell ran (``time.process_time``: the engine's threads, the event loop, the writer):
+  the log's share of the worker's own CPU, which load from other processes on a shared
+  machine changes less than wall time; with ``log_cpu_us_per_event`` (the log CPU over the
+  events) and ``commits`` (transactions the log committed);
 - ``overhead``: 1 - worker tokens/s / engine-only tokens/s, best repeat of each (log +
   staging + reward together).
 - ``progress_events``: GenerationProgress records written inside calls, at most one per
@@ -50,6 +55,19 @@ PROMPTS = (
     "Summarise the paragraph in one sentence.",
     "The controller appends every change of a prompt group",
 )
+
+
+def parse_cell(text: str) -> dict[str, Any]:
+    """``AGENT:GxNxT`` (e.g. ``overlap:16x16x16``): one cell instead of the grid."""
+    agent, _, shape = text.partition(":")
+    try:
+        groups, siblings, max_tokens = (int(part) for part in shape.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"cell {text!r}: expected AGENT:GROUPSxSIBLINGSxTOKENS, e.g. overlap:16x16x16"
+        ) from None
+    get_agent(agent)
+    return {"agent": agent, "groups": groups, "siblings": siblings, "max_tokens": max_tokens}
 
 
 def cells(quick: bool) -> list[dict[str, Any]]:
@@ -140,9 +158,12 @@ def measure(
         with EventLog.open(path, durability=durability) as log:
             worker = RolloutWorker(engine, log, InMemoryDataPlane(), worker_id="bench")
             worker.progress_every_s = progress_every
+            cpu = time.process_time()
             wall = asyncio.run(with_worker(worker, cell, tag))
+            cpu = time.process_time() - cpu
             stats: WorkerStats = worker.stats
             log_cpu_s = log.cpu_seconds
+            commits = log.commits
             progress = sum(1 for _ in log.read_records(types=["GenerationProgress"]))
         path.unlink(missing_ok=True)
         samples.append(
@@ -154,6 +175,8 @@ def measure(
                 "appends": stats.appends,
                 "wall_s": wall,
                 "log_cpu_s": log_cpu_s,
+                "process_cpu_s": cpu,
+                "commits": commits,
                 "busy_s": stats.busy_s,
                 "log_busy_s": stats.log_busy_s,
                 "log_wait_s": stats.log_wait_s,
@@ -188,6 +211,13 @@ def measure(
         "engine_only_tokens_per_s": round(median("engine_only_tokens_per_s"), 1),
         "overhead": round(1 - worker_rate / base_rate, 4) if base_rate else None,
         "log_cpu_share": round(median("log_cpu_s") / median("wall_s"), 4),
+        "log_cpu_share_of_cpu": round(median("log_cpu_s") / median("process_cpu_s"), 4),
+        "log_cpu_us_per_event": round(1e6 * median("log_cpu_s") / median("events"), 2),
+        "log_cpu_us_per_event_each": [
+            round(1e6 * s["log_cpu_s"] / s["events"], 2) for s in samples
+        ],
+        "commits": int(median("commits")),
+        "process_cpu_s": round(median("process_cpu_s"), 3),
         "log_share": round(statistics.median(shares), 4) if shares else None,
         "log_share_min": round(min(shares), 4) if shares else None,
         "log_share_max": round(max(shares), 4) if shares else None,
@@ -207,6 +237,7 @@ def run(
     workdir: Path | None = None,
     console: Console | None = None,
     progress_every: float | None = DEFAULT_PROGRESS_EVERY_S,
+    only: Sequence[dict[str, Any]] = (),
     **_: Any,
 ) -> Results:
     """Run the rollout cells, print one line per cell, write <out_dir>/rollout.json."""
@@ -226,7 +257,7 @@ def run(
     try:
         warm = {"agent": "overlap", "groups": 1, "siblings": 2, "max_tokens": 4}
         asyncio.run(engine_only(engine, warm, "warmup"))  # first logprobs call compiles a kernel
-        for cell in cells(quick):
+        for cell in only or cells(quick):
             for durability in durabilities:
                 row = measure(engine, cell, durability, repeats, work, progress_every)
                 results.rows.append(row)
@@ -234,7 +265,10 @@ def run(
                     f"  {row['agent']:<16} {row['groups']:>3}x{row['siblings']:<3} "
                     f"tokens {row['max_tokens']:>3}x{row['calls']} {durability:<6} "
                     f"{row['events_per_token']:.3f} ev/token ({row['progress_events']} progress)  "
-                    f"log cpu {row['log_cpu_share']:.2%}  log share {row['log_share']:.1%}  "
+                    f"log cpu {row['log_cpu_share']:.2%} of wall, "
+                    f"{row['log_cpu_share_of_cpu']:.2%} of cpu, "
+                    f"{row['log_cpu_us_per_event']:.1f} us/event, {row['commits']} commits  "
+                    f"log share {row['log_share']:.1%}  "
                     f"overhead {row['overhead']:+.1%}  "
                     f"{row['worker_tokens_per_s_best']:,.0f} tok/s "
                     f"(engine only {row['engine_only_tokens_per_s_best']:,.0f}, best of "
@@ -264,6 +298,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="GenerationProgress at most every S seconds per attempt (0: on every token)",
     )
+    parser.add_argument(
+        "--cell",
+        type=parse_cell,
+        action="append",
+        default=[],
+        metavar="AGENT:GxNxT",
+        help="run only this cell (repeatable), e.g. overlap:16x16x16",
+    )
+    parser.add_argument(
+        "--durability", choices=["full", "normal"], action="append", help="default: both"
+    )
     args = parser.parse_args(argv)
     out = args.out
     if out is None and args.quick:
@@ -274,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         out_dir=out,
         progress_every=args.progress_every,
+        only=args.cell,
+        durabilities=args.durability or ("full", "normal"),
     )
     return 0
 
