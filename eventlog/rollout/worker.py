@@ -41,9 +41,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import torch
 
@@ -68,8 +68,6 @@ from eventlog.rollout.sampling import SampleDelta, Sampling, TokenEngine
 
 logger = logging.getLogger(__name__)
 
-
-T = TypeVar("T")
 
 DEFAULT_PROGRESS_EVERY_S = 5.0
 
@@ -194,15 +192,27 @@ class _BusyClock:
 
     @contextlib.contextmanager
     def section(self) -> Iterator[None]:
-        if self._open == 0:
-            self._since = time.perf_counter()
-        self._open += 1
+        self.open()
         try:
             yield
         finally:
-            self._open -= 1
-            if self._open == 0:
-                self.total += time.perf_counter() - self._since
+            self.close()
+
+    def open(self) -> float:
+        """Open a section (`close` it in a `finally`); the time it was opened."""
+        now = time.perf_counter()
+        if self._open == 0:
+            self._since = now
+        self._open += 1
+        return now
+
+    def close(self) -> float:
+        """Close a section; the time it was closed."""
+        now = time.perf_counter()
+        self._open -= 1
+        if self._open == 0:
+            self.total += now - self._since
+        return now
 
 
 @dataclass
@@ -393,7 +403,13 @@ class RolloutWorker:
                 sampling_params=params,
             )
             requests.append(AppendRequest(run.stream, [started], NO_STREAM))
-        results = await self._timed_append(self.log.append_batch_async(requests), len(requests))
+        pending = self.log.append_batch_async(requests)
+        since = self._log_busy.open()
+        try:
+            results = await pending
+        finally:
+            self._waited(since)
+        self._appended(len(requests))
         for run, result in zip(runs, results, strict=True):
             run.version = result.versions[-1]
             run.progress_at = self.clock()
@@ -600,22 +616,28 @@ class RolloutWorker:
         if self._killed is not None:
             raise self._killed
         events = [*run.unrecorded, event]
-        requests = [AppendRequest(run.stream, events, run.version)]
-        results = await self._timed_append(self.log.append_batch_async(requests), len(events))
+        # The log's coroutine is awaited here, not through a timing wrapper: one coroutine
+        # frame less on every resumption of the attempt, and no context-manager generator.
+        pending = self.log.append_batch_async([AppendRequest(run.stream, events, run.version)])
+        since = self._log_busy.open()
+        try:
+            results = await pending
+        finally:
+            self._waited(since)
+        self._appended(len(events))
         run.unrecorded.clear()
         run.version = results[0].versions[-1]
 
-    async def _timed_append(self, pending: Coroutine[object, object, T], events: int) -> T:
-        started = time.perf_counter()
-        try:
-            with self._log_busy.section():
-                result = await pending
-        finally:
-            self.stats.log_wait_s += time.perf_counter() - started
-            self.stats.log_busy_s = self._log_busy.total
+    def _waited(self, since: float) -> None:
+        """An append awaited since `since` is over (called in a `finally`: a failed
+        append's wait counts too)."""
+        self.stats.log_wait_s += self._log_busy.close() - since
+        self.stats.log_busy_s = self._log_busy.total
+
+    def _appended(self, events: int) -> None:
+        """Count one append that landed."""
         self.stats.appends += 1
         self.stats.events += events
-        return result
 
 
 def _call_seed(seed: int | None, call: int) -> int | None:
