@@ -1,4 +1,4 @@
-"""`ActorPool.staging_paused` releases every actor, also when cancelled mid-hold (issue 12).
+"""`staging_paused` releases every hold it took, also when cancelled mid-hold (issue 12).
 
 A controller stopped while a checkpoint was taking the actors' staging holds left the holds
 the actors went on to take in place: their workers waited for the gate forever and the next
@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from eventlog.rollout.actor import ActorPool
+from eventlog.rollout.pool import WorkerPool
 from eventlog.rollout.worker import StagingGate
 
 
@@ -78,3 +79,37 @@ def test_a_checkpoint_cancelled_while_the_holds_are_in_flight_still_releases_eve
     asyncio.run(main())
 
     assert [actor.can_stage() for actor in actors] == [True, True]
+
+
+def test_a_thread_pool_checkpoint_cancelled_while_a_put_is_in_flight_releases_the_gate() -> None:
+    """The workers' pool in the controller's process: its hold is a thread that waits for the
+    puts in flight and runs on after the caller is cancelled."""
+    pool = WorkerPool(None, None, None, workers=1, slots=1, partition="p")  # type: ignore[arg-type]
+    put_may_end = threading.Event()
+
+    def put() -> None:
+        with pool.gate.staging():
+            put_may_end.wait()
+
+    in_flight = threading.Thread(target=put, daemon=True)
+    in_flight.start()
+
+    async def main() -> None:
+        async def checkpoint() -> None:
+            async with pool.staging_paused():
+                raise AssertionError("the put never ended: not reached")
+
+        task = asyncio.ensure_future(checkpoint())
+        await asyncio.sleep(0.1)  # the hold waits for the put in flight
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        put_may_end.set()  # the hold is taken now, after the caller stopped waiting
+        await asyncio.sleep(0.2)
+
+    asyncio.run(main())
+
+    stage = threading.Thread(target=_stage, args=(pool.gate,), daemon=True)
+    stage.start()
+    stage.join(timeout=2)
+    assert not stage.is_alive()  # a put goes through: nothing holds the gate

@@ -141,10 +141,23 @@ class WorkerPool:
 
     @contextlib.asynccontextmanager
     async def staging_paused(self) -> AsyncIterator[None]:
-        await asyncio.to_thread(self.gate.hold)
+        # A thread cannot be stopped: a caller cancelled while the hold waits for the puts in
+        # flight leaves it to be taken later, and it is released as soon as it is (else the
+        # workers waited for the gate forever). A plain executor future, not a task: the
+        # loop's shutdown cancels tasks, not this.
+        hold = asyncio.get_running_loop().run_in_executor(None, self.gate.hold)
+        try:
+            await asyncio.shield(hold)
+        except asyncio.CancelledError:
+            hold.add_done_callback(self._release_taken)
+            raise
         try:
             yield
         finally:
+            self.gate.release()
+
+    def _release_taken(self, hold: asyncio.Future[None]) -> None:
+        if not hold.cancelled() and hold.exception() is None:
             self.gate.release()
 
     def set_weight_version(self, version: int) -> None:
