@@ -18,3 +18,14 @@ def test_iso_times_without_a_zone_are_utc_and_offsets_are_honoured() -> None:
     assert parse_time("1970-01-02") == 86_400 * 10**9
     assert parse_time("1970-01-01T01:00:00+01:00") == 0
     assert parse_time("1970-01-01T00:00:00.5") == 500_000_000
+
+
+def test_formatted_times_are_exact_across_many_seconds_and_fractions() -> None:
+    """format_ns keeps the seconds it formatted (bounded): every text is still exact."""
+    from datetime import UTC, datetime
+
+    start = 1_795_960_227
+    for k in range(9_000):  # past the kept seconds' bound, so it is cleared and refilled
+        seconds, fraction = start + k + (k // 500) * 86_400, (k * 7_919) % 10**9
+        expected = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        assert format_ns(seconds * 10**9 + fraction) == f"{expected}.{fraction:09d}Z"
