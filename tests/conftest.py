@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from eventlog import EventLog
 
 pytest_plugins = [
     "tests.fixtures.postgres",
@@ -23,3 +26,10 @@ def log_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(tmp_path / "log.db")
     url: str = request.getfixturevalue("fresh_postgres_url")
     return url
+
+
+@pytest.fixture
+def log(log_target: str) -> Iterator[EventLog]:
+    """An open log at `log_target` (a module may define its own, e.g. pre-filled)."""
+    with EventLog.open(log_target) as opened:
+        yield opened

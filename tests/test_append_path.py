@@ -10,9 +10,9 @@ import asyncio
 import gc
 import select
 import socket
+import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,19 @@ from tests.vocabulary import LogNote
 
 
 @pytest.fixture
-def log(log_target: str) -> Iterator[EventLog]:
-    with EventLog.open(log_target) as opened:
-        yield opened
+def linked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many rows each `chain.link_rows` call linked (one-event requests link directly)."""
+    import eventlog.chain
+
+    counts: list[int] = []
+    link_rows = eventlog.chain.link_rows
+
+    def counting(previous: bytes, fields: Any, rows: Any) -> bytes:
+        counts.append(len(fields))
+        return link_rows(previous, fields, rows)
+
+    monkeypatch.setattr(eventlog.chain, "link_rows", counting)
+    return counts
 
 
 def test_an_uncontended_append_commits_in_its_callers_thread(
@@ -185,20 +195,10 @@ def test_a_group_commit_mints_its_ids_and_reads_the_clock_once(
 
 
 def test_single_event_requests_are_linked_without_building_a_request_row_list(
-    log: EventLog, monkeypatch: pytest.MonkeyPatch
+    log: EventLog, linked: list[int]
 ) -> None:
     """A batch of one-event requests (what a batch over many streams mostly holds) and a
     one-event append link each row directly; only longer requests go through link_rows."""
-    import eventlog.chain
-
-    linked: list[int] = []
-    link_rows = eventlog.chain.link_rows
-
-    def counting(previous: bytes, fields: Any, rows: Any) -> bytes:
-        linked.append(len(fields))
-        return link_rows(previous, fields, rows)
-
-    monkeypatch.setattr(eventlog.chain, "link_rows", counting)
     log.append("a", [LogNote(text="x")])
     log.append_batch([AppendRequest(f"s{i}", [LogNote(text="x")]) for i in range(20)])
     log.append_batch([AppendRequest("t", [LogNote(text="x"), LogNote(text="y")])])
@@ -350,3 +350,60 @@ def test_a_stream_taken_to_be_new_that_exists_fails_alone_with_its_concurrency_e
             log.append("hidden", [LogNote(text="mine")], NO_STREAM)
         assert (refused.value.stream, refused.value.actual) == ("hidden", 0)
         assert log.verify().ok
+
+
+# A request without events (an assertion: a fenced command's epoch check, issue 8) is checked
+# like any expected version and adds no row, no link and no statement.
+
+
+def test_an_assertion_in_front_of_a_request_links_nothing_and_still_fails_the_batch(
+    log: EventLog, linked: list[int]
+) -> None:
+    """A fenced finalize-shaped append (assertion + one request of two events): only the
+    two events are linked; with the assertion's version wrong, nothing is appended."""
+    log.append("epoch", [LogNote(text="epoch 1")], NO_STREAM)
+    del linked[:]
+    two = [LogNote(text="finalized"), LogNote(text="cleared")]
+    fence, request = AppendRequest("epoch", [], 0), AppendRequest("group/g1", two, NO_STREAM)
+    results = log.append_batch([fence, request])
+    assert linked == [2]
+    assert [(r.stream, r.seqs, r.versions) for r in results] == [
+        ("epoch", [], []),
+        ("group/g1", [2, 3], [0, 1]),
+    ]
+    with pytest.raises(ConcurrencyError) as refused:
+        log.append_batch([AppendRequest("epoch", [], 1), AppendRequest("group/g1", two, 1)])
+    assert refused.value.stream == "epoch"
+    assert log.head() == 3 and log.verify().ok
+
+
+def test_an_assertion_on_a_stream_the_writer_knows_adds_no_statement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer knows the versions its own commits left, so the epoch check of a fenced
+    command is a comparison in memory: the fenced append sends exactly the statements of
+    the unfenced one (no version read for the asserted stream)."""
+    statements: list[str] = []
+    begin = SqliteDialect.begin_write
+
+    def tracing(self: SqliteDialect, cursor: Any) -> None:
+        connection = cursor.connection
+        assert isinstance(connection, sqlite3.Connection)
+        connection.set_trace_callback(statements.append)
+        begin(self, cursor)
+
+    monkeypatch.setattr(SqliteDialect, "begin_write", tracing)
+    with EventLog.open(tmp_path / "log.db") as log:
+        log.append("epoch", [LogNote(text="epoch 1")], NO_STREAM)
+        log.append("group/g1", [LogNote(text="first")], NO_STREAM)
+        statements.clear()
+        log.append("group/g1", [LogNote(text="unfenced")], 0)
+        unfenced = list(statements)
+        statements.clear()
+        log.append_batch(
+            [AppendRequest("epoch", [], 0), AppendRequest("group/g1", [LogNote(text="f")], 1)]
+        )
+        fenced = list(statements)
+    assert not any("max(version)" in s for s in fenced)
+    assert [s.split()[0] for s in fenced] == [s.split()[0] for s in unfenced]
+    assert len(fenced) == len(unfenced)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from uuid import uuid4
 
 import msgspec
@@ -35,12 +34,6 @@ class OtherWriterNoted(Event, frozen=True, kw_only=True):
     """A record some other writer appends to the same log."""
 
     note: str
-
-
-@pytest.fixture
-def log(log_target: str) -> Iterator[EventLog]:
-    with EventLog.open(log_target) as opened:
-        yield opened
 
 
 def _stored(originator_id: object, version: int, topic: str = "t") -> StoredEvent:

@@ -34,12 +34,6 @@ from tests.reliability import drop_append_only
 from tests.vocabulary import LogNote
 
 
-@pytest.fixture
-def log(log_target: str) -> Iterator[EventLog]:
-    with EventLog.open(log_target) as opened:
-        yield opened
-
-
 def notes(*texts: str) -> list[LogNote]:
     return [LogNote(text=t) for t in texts]
 

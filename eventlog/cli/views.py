@@ -13,9 +13,8 @@ from eventlog import codec
 from eventlog.cli.output import json_line
 from eventlog.cli.times import format_ns, short_time
 from eventlog.errors import SchemaError
-from eventlog.ids import uuid_from_bytes
 from eventlog.records import Record, RecordedEvent
-from eventlog.store.base import RecordRow
+from eventlog.store.base import RecordRow, record_of_row
 
 
 class Mark(msgspec.Struct, frozen=True):
@@ -178,18 +177,7 @@ def uuid_text(raw: bytes) -> str:
 
 def row_json(row: RecordRow, *, allow_unknown: bool, mark: Mark | None) -> bytes:
     """A stored row's `--json` object by the long way: `view_record`, then `json_object`."""
-    seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
-    record = Record(
-        seq,
-        stream,
-        version,
-        uuid_from_bytes(event_id),
-        type_name,
-        schema,
-        recorded_at,
-        payload,
-        link,
-    )
+    record = record_of_row(row)
     view = view_record(record, allow_unknown=allow_unknown, mark=mark)
     return LINE_ENCODER.encode(json_object(view))
 

@@ -673,7 +673,7 @@ class SqlStore:
     ) -> Iterator[Record]:
         """Records in seq order, fetched a page at a time so memory stays bounded."""
         rows = self.read_rows(from_seq, until_seq, streams, types, page_size, stream_prefix)
-        return map(_to_record, rows)
+        return map(record_of_row, rows)
 
     def read_rows(
         self,
@@ -793,7 +793,7 @@ class SqlStore:
         self, stream: str, from_version: int = 0, page_size: int = 1000
     ) -> Iterator[Record]:
         """One stream's records in version order, through the (stream, version) index."""
-        return map(_to_record, self.read_stream_rows(stream, from_version, page_size))
+        return map(record_of_row, self.read_stream_rows(stream, from_version, page_size))
 
     def read_stream_rows(
         self, stream: str, from_version: int = 0, page_size: int = 1000
@@ -812,7 +812,9 @@ class SqlStore:
         self, stream: str, before_version: int | None = None, page_size: int = 100
     ) -> Iterator[Record]:
         """One stream's records newest first, through the (stream, version) index."""
-        return map(_to_record, self.read_stream_backwards_rows(stream, before_version, page_size))
+        return map(
+            record_of_row, self.read_stream_backwards_rows(stream, before_version, page_size)
+        )
 
     def read_stream_backwards_rows(
         self, stream: str, before_version: int | None = None, page_size: int = 100
@@ -1034,7 +1036,8 @@ def _checked_payload(row: Sequence[Any]) -> PayloadRow:
     return (seq, type_name, schema, recorded_at, bytes(payload))
 
 
-def _to_record(row: RecordRow) -> Record:
+def record_of_row(row: RecordRow) -> Record:
+    """A checked row as the Record the read API hands out."""
     seq, stream, version, event_id, type_name, schema, recorded_at, payload, link = row
     return Record(
         seq,
