@@ -13,6 +13,7 @@ from eventlog.records import RecordedEvent
 from eventlog.recovery.vocabulary import (
     AttemptFailed,
     GenerationStarted,
+    GroupFinalized,
     ReplayConsumed,
     RestoreStarted,
     SiblingSealed,
@@ -152,6 +153,23 @@ def test_inspect_rollout_shows_its_verdict_rows_and_records(run: AuditedRun) -> 
     assert set(own) <= set(seqs)
     sealed_late = inspect_json(run, "rollout", "g1_g2")["attempt"]
     assert sealed_late["verdict"] == "abandoned"  # its seal was rolled back; the restore gave up
+
+
+def test_inspect_rollout_lists_the_finalization_that_cleared_its_rows(run: AuditedRun) -> None:
+    """A finalize records its clean-up in GroupFinalized itself (staging_cleared): the
+    rollout whose staged rows it lists has that record in its timeline, as it had the
+    StagingCleared of the two-record shape."""
+    facts = Facts(run)
+    listed = [
+        (seq, c.rollout_id)
+        for seq, ev in facts.effective(GroupFinalized)
+        if ev.group_id == "g1"
+        for c in ev.staging_cleared
+    ]
+    assert listed  # the run finalizes g1 with the one-record shape
+    for seq, rollout_id in listed:
+        timeline = inspect_json(run, "rollout", rollout_id)["timeline"]
+        assert seq in [t["seq"] for t in timeline]
 
 
 def test_inspect_step_lists_what_the_step_trained_and_its_restore(run: AuditedRun) -> None:

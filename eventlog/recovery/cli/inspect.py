@@ -280,7 +280,8 @@ def _names(rec: RecordedEvent, rollout_id: str) -> bool:
     refs = getattr(ev, "attempts", None) or getattr(ev, "results", None) or []
     if any(getattr(ref, "rollout_id", None) == rollout_id for ref in refs):
         return True
-    cleared = getattr(ev, "of_attempts", None) or []
+    # The rows cleared for it: a StagingCleared's, or (one-record finalize) a GroupFinalized's.
+    cleared = getattr(ev, "of_attempts", None) or getattr(ev, "staging_cleared", None) or []
     return any(c.rollout_id == rollout_id for c in cleared) or isinstance(ev, RestoreStarted)
 
 
