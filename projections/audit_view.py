@@ -170,6 +170,9 @@ def view_group(group_id: str, records: Iterable[AuditRecord], skipped: RolledBac
             for item in ev.of_attempts:
                 cleared.setdefault(item.key, rec.seq)
             continue
+        if isinstance(ev, GroupFinalized):  # a one-record finalize lists the rows it clears
+            for item in ev.staging_cleared:
+                cleared.setdefault(item.key, rec.seq)
         total += 1
         rolled += not effective
         if isinstance(ev, GroupReserved):

@@ -21,8 +21,9 @@ from eventlog.recovery.vocabulary import (
     TokensStaged,
     UnsealedAbandoned,
 )
-from tests.cli.audited_run import AuditedRun
+from tests.cli.audited_run import AuditedRun, work
 from tests.cli.helpers import cli
+from tests.fixtures.ledger import Harness
 
 
 def inspect_json(run: AuditedRun, *args: str) -> dict[str, Any]:
@@ -202,3 +203,24 @@ def test_inspect_of_unknown_things_is_one_line_naming_it_and_the_nearest(
         assert result.exit_code == 2, args
         assert result.stderr.splitlines()[0] == expected
         assert "Traceback" not in result.stderr
+
+
+def test_a_rolled_back_finalization_names_the_seq_that_cleared_the_rows(harness: Harness) -> None:
+    """A finalize deletes its rows after its GroupFinalized (which lists them); a restore to
+    a checkpoint before it rolls the seal and the finalize back, but the rows are gone: the
+    attempt's rows were cleared by that record, as with the two-record shape's StagingCleared."""
+    h = harness
+    h.reserve("g1", n=1, agent="math_agent", task="math", target_step=1)
+    h.dispatch("g1")
+    h.checkpoint(1)
+    receipt = work(h, "g1", 0)  # sealed after the checkpoint
+    rid = h.ledger.group("g1").siblings[0].current.rollout_id
+    h.finalize("g1")
+    (finalized,) = [r.seq for r in h.log.read() if isinstance(r.event, GroupFinalized)]
+    h.fresh_process()
+    h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+    result = cli("inspect", "rollout", str(h.path), rid, "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["attempt"]["rows"]
+    assert [row["key"] for row in rows] == list(receipt.staging_keys)
+    assert {row["fate"] for row in rows} == {f"cleared by seq {finalized}"}
