@@ -331,3 +331,39 @@ def test_the_ledger_state_values_are_not_tracked_by_the_collector(harness: Harne
     for value in (group, group.siblings[0], group.siblings[0].current):
         assert not gc.is_tracked(value), type(value).__name__
     assert not gc.is_tracked(folded.state.groups["g0"].siblings[0].current)
+
+
+def test_a_fold_does_not_leave_the_collector_off_when_an_append_resumes_it_meanwhile(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector's state is the process's: the writer thread pauses it for each commit
+    (`writer.pause_collector`) while a fold may start in another thread. A fold that found
+    it paused by a commit must not switch it off after that commit switched it on again:
+    it would stay off for the rest of the process. Modelled here in one thread, in the
+    order the two threads can take: the commit pauses, the fold reads the collector off,
+    the commit resumes it, the fold goes on."""
+    import types
+
+    import eventlog.recovery.checkpoint as checkpoint
+    from eventlog.writer import pause_collector
+
+    h = harness
+    _log_with_a_run(h)
+    assert gc.isenabled()
+    resume = pause_collector()  # a commit in the writer thread
+    assert resume
+
+    def read_then_commit_ends() -> bool:
+        found = gc.isenabled()
+        gc.enable()  # the commit's `finally`, between the fold's read and what follows it
+        return found
+
+    seen_by_the_fold = types.SimpleNamespace(
+        isenabled=read_then_commit_ends, disable=gc.disable, enable=gc.enable
+    )
+    monkeypatch.setattr(checkpoint, "gc", seen_by_the_fold)
+    try:
+        fold_from_snapshot(h.log, h.log.head(), RolledBack())
+        assert gc.isenabled()
+    finally:
+        gc.enable()

@@ -191,8 +191,12 @@ def collector_paused() -> Iterator[None]:
     What was allocated meanwhile is collected by the next collection as usual: nothing is
     leaked, a restore's or a rebuild's values are just not rescanned while it builds them.
     """
+    # Switched off only when found on: the state is the process's, and another thread's
+    # pause (a commit's, `writer.pause_collector`) may end between the read and this; a
+    # pause that found it off and switched it off anyway would leave it off for good.
     enabled = gc.isenabled()
-    gc.disable()
+    if enabled:
+        gc.disable()
     try:
         yield
     finally:
