@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -13,7 +12,7 @@ from typing import Literal
 
 import sqlalchemy as sa
 
-from eventlog import codec
+from eventlog import codec, collector
 from eventlog.errors import InvalidEventError, LogClosedError
 from eventlog.events import Event
 from eventlog.ids import uuid_from_bytes
@@ -40,7 +39,7 @@ from eventlog.store.base import (
     Submission,
 )
 from eventlog.verify import VerifyReport, verify_records
-from eventlog.writer import GroupCommitWriter, pause_collector
+from eventlog.writer import GroupCommitWriter
 
 Durability = Literal["full", "normal"]
 
@@ -156,14 +155,12 @@ class EventLog:
 
     def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append to several streams in one atomic step: every request lands, or none."""
-        # The cyclic collector rests while the call encodes, plans and writes (see
-        # `writer.pause_collector`); it is as it was when the call returns.
-        resume = pause_collector()
+        # The cyclic collector rests while the call encodes, plans and writes (`collector`).
+        collector.pause()
         try:
             return self._writer.write(self._prepare(requests))
         finally:
-            if resume:
-                gc.enable()
+            collector.resume()
 
     async def append_async(
         self,
@@ -173,23 +170,21 @@ class EventLog:
     ) -> AppendResult:
         """`append` for asyncio: waits for the shared commit without blocking the loop."""
         # `append_batch_async` inlined: one coroutine per append, not two.
-        resume = pause_collector()
+        collector.pause()
         try:
             future = self._writer.submit_async(
                 self._prepare([AppendRequest(stream, events, expected_version)])
             )
         finally:
-            if resume:
-                gc.enable()
+            collector.resume()
         return (await future)[0]
 
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        resume = pause_collector()  # while encoding and queueing: never across the await
+        collector.pause()  # while encoding and queueing: never across the await
         try:
             future = self._writer.submit_async(self._prepare(requests))
         finally:
-            if resume:
-                gc.enable()
+            collector.resume()
         return await future
 
     def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:

@@ -12,7 +12,6 @@ resolved with a single wake-up of their loop, not one per future.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import queue
 import threading
@@ -21,6 +20,7 @@ from collections import defaultdict
 from concurrent.futures import Future
 from typing import TypeAlias
 
+from eventlog import collector
 from eventlog.errors import EventLogError, LogClosedError
 from eventlog.records import AppendResult
 from eventlog.store.base import Outcome, SqlStore, Submission
@@ -110,14 +110,13 @@ class GroupCommitWriter:
             first = self._queue.get()
             if first is None:
                 return
-            resume = pause_collector()  # (a caller's leader commit is paused by its caller)
+            collector.pause()  # (a caller's leader commit is paused by its caller)
             try:
                 with self._leader:
                     items, stop = self._drain([first])
                     self._commit(items)
             finally:
-                if resume:
-                    gc.enable()
+                collector.resume()
             if stop:
                 return
 
@@ -188,20 +187,3 @@ def _settle(settled: list[tuple[asyncio.Future[Results], object]]) -> None:
             future.set_exception(outcome)
         else:
             future.set_result(outcome)  # type: ignore[arg-type]
-
-
-def pause_collector() -> bool:
-    """Pause the cyclic garbage collector; True when it ran and the caller must `gc.enable()`
-    it again (in a `finally`), as soon as its append's own work is done.
-
-    An append allocates a few containers per event (prepared events, rows, ids, results)
-    that live until it returns; a collection in the middle of a large batch scanned and
-    promoted every one of them, and promoted ones fed the full collections that rescan the
-    whole heap. Paused, most of them are freed by their reference counts before the next
-    collection looks. Nothing is leaked: cycles made meanwhile are found by the next one.
-    A pause lasts one append at most: whoever paused an enabled collector enables it.
-    """
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    return enabled

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from eventlog import codec
+from eventlog import codec, collector
 from eventlog.log import EventLog
 from eventlog.recovery.checkpoint import fold_from_snapshot, fold_until
 from eventlog.recovery.vocabulary import CONTROLLER_STREAM, RestoreCompleted
@@ -337,33 +337,31 @@ def test_a_fold_does_not_leave_the_collector_off_when_an_append_resumes_it_meanw
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The collector's state is the process's: the writer thread pauses it for each commit
-    (`writer.pause_collector`) while a fold may start in another thread. A fold that found
-    it paused by a commit must not switch it off after that commit switched it on again:
-    it would stay off for the rest of the process. Modelled here in one thread, in the
-    order the two threads can take: the commit pauses, the fold reads the collector off,
-    the commit resumes it, the fold goes on."""
-    import types
-
+    while a fold may run in another thread. Modelled in one thread, in the order the two
+    can take: a commit pauses, the fold begins, the commit ends during the fold. The fold
+    stays paused to its end, and the collector is on again afterwards (a fold that found it
+    off and switched it off anyway left it off for good; one that saw it on again went on
+    with collections)."""
     import eventlog.recovery.checkpoint as checkpoint
-    from eventlog.writer import pause_collector
 
     h = harness
     _log_with_a_run(h)
     assert gc.isenabled()
-    resume = pause_collector()  # a commit in the writer thread
-    assert resume
+    collector.pause()  # a commit in the writer thread
+    commit_ended: list[bool] = []
+    collector_on: list[bool] = []
 
-    def read_then_commit_ends() -> bool:
-        found = gc.isenabled()
-        gc.enable()  # the commit's `finally`, between the fold's read and what follows it
-        return found
+    def watched(state: LedgerState, event: Any) -> LedgerState:
+        if not commit_ended:
+            collector.resume()  # the commit's `finally`, while the fold goes on
+            commit_ended.append(True)
+        collector_on.append(gc.isenabled())
+        return fold(state, event)
 
-    seen_by_the_fold = types.SimpleNamespace(
-        isenabled=read_then_commit_ends, disable=gc.disable, enable=gc.enable
-    )
-    monkeypatch.setattr(checkpoint, "gc", seen_by_the_fold)
+    monkeypatch.setattr(checkpoint, "fold", watched)
     try:
         fold_from_snapshot(h.log, h.log.head(), RolledBack())
+        assert commit_ended and collector_on and not any(collector_on)
         assert gc.isenabled()
     finally:
         gc.enable()

@@ -14,18 +14,16 @@ version cannot be compared (ProjectionVersionError, told apart from a real diver
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
-from eventlog import codec
+from eventlog import codec, collector
 from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
@@ -167,7 +165,7 @@ def fold_records(
     # Pages of rows, their events and the values the fold builds are acyclic and freed by
     # their reference counts; collections meanwhile only rescanned and promoted them (about
     # a sixth of a 10^6-record rebuild in a process that imported torch).
-    with collector_paused():
+    with collector.paused():
         for seq, type_name, schema, _, payload in rows:
             if skipped and seq in skipped:
                 continue
@@ -182,26 +180,6 @@ def fold_records(
                     hint="the log was edited or written by something other than the ledger",
                 ) from None
     return state
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside; the collector is as it was afterwards.
-
-    What was allocated meanwhile is collected by the next collection as usual: nothing is
-    leaked, a restore's or a rebuild's values are just not rescanned while it builds them.
-    """
-    # Switched off only when found on: the state is the process's, and another thread's
-    # pause (a commit's, `writer.pause_collector`) may end between the read and this; a
-    # pause that found it off and switched it off anyway would leave it off for good.
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 _FOLD_PAGE = 5000

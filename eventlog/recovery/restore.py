@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from eventlog import codec
+from eventlog import codec, collector
 from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, ExpectedVersion
-from eventlog.recovery.checkpoint import check_ledger_digest, collector_paused, fold_from_snapshot
+from eventlog.recovery.checkpoint import check_ledger_digest, fold_from_snapshot
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import (
     LedgerRuleError,
@@ -284,11 +284,11 @@ def prepare_restore(
     failure raises before the ledger appends anything. The data plane is loaded first because
     every later check reads it.
 
-    The cyclic garbage collector is paused meanwhile (`collector_paused`): what a restore
+    The cyclic garbage collector is paused meanwhile (`collector.paused`): what a restore
     builds is tens of thousands of acyclic values, and each collection they triggered
     rescanned the whole process heap (torch's included) — most of a restore's time.
     """
-    with collector_paused():
+    with collector.paused():
         return _prepare_restore(
             log, data_plane, partition, dataset, step, training_partition=training_partition
         )
