@@ -10,6 +10,7 @@ A domain adds marks (e.g. rolled back by a restore) as a `records` column via `m
 
 from __future__ import annotations
 
+import collections
 import copy
 import csv
 import functools
@@ -23,7 +24,7 @@ from typing import IO, Any, Protocol
 import click
 import msgspec
 
-from eventlog import codec
+from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.replay import Marker
@@ -104,14 +105,37 @@ def _cell(kind: ColumnKind, value: Any) -> Any:
 
 
 def uuid_texts(ids: Sequence[bytes]) -> list[str]:
-    """16-byte ids as canonical UUID text (what str(uuid.UUID(bytes=raw)) gives), by slicing
-    their hex: a quarter of building a UUID per id, and no dependency beyond the base install
-    (jsonl and csv exports need neither numpy nor pyarrow)."""
-    texts = []
-    for raw in ids:
-        h = raw.hex()
-        texts.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-    return texts
+    """16-byte ids as canonical UUID text (what str(uuid.UUID(bytes=raw)) gives): the hex of
+    all of them at once, copied into place 36 characters a row by one strided slice per
+    character position, then cut into rows; no call per id, and no dependency beyond the base
+    install (jsonl and csv exports need neither numpy nor pyarrow)."""
+    count = len(ids)
+    joined = b"".join(ids)
+    if len(joined) != 16 * count:
+        raise ValueError("event ids must be 16 bytes each")
+    hexed = joined.hex().encode("ascii")
+    text = bytearray(b"-" * (36 * count))
+    for source, place in _UUID_PLACES:
+        text[place::36] = hexed[source::32]
+    whole = text.decode("ascii")
+    return list(
+        map(whole.__getitem__, map(slice, range(0, 36 * count, 36), range(36, 36 * count + 1, 36)))
+    )
+
+
+_UUID_PLACES = [(k, k + sum(k >= cut for cut in (8, 12, 16, 20))) for k in range(32)]
+"""(hex digit, its place in the 36-character text) of each of a UUID's 32 hex digits."""
+
+
+def json_texts(values: Sequence[Any]) -> list[str | None]:
+    """`json_text` of each value (None stays None): one encode per value through `map`, and
+    the ASCII check once over the batch; a batch with null or non-ASCII text goes value by
+    value."""
+    if None not in values:
+        found = list(map(_json.encode, values))
+        if b"".join(found).isascii():
+            return list(map(bytes.decode, found))
+    return [None if v is None else json_text(v) for v in values]
 
 
 Columns = dict[str, list[Any]]
@@ -196,46 +220,48 @@ number of event types (each table also writes when it alone holds BATCH rows).""
 
 
 class _Sink:
-    """A table and its pending rows (the record rows as read, plus per row what the table
-    adds: the `data` text and mark of `records`, or the event's fields of a typed table),
-    turned into columns a batch at a time."""
+    """A table and its pending rows, as parts of columns (each part one chunk's rows of this
+    table), written a batch at a time."""
 
-    def __init__(
-        self, table: Table, make: Callable[[list[RecordRow], list[str], list[Any]], Columns]
-    ) -> None:
+    def __init__(self, table: Table) -> None:
         self.table = table
-        self.make = make
-        self.rows: list[RecordRow] = []
-        self.ids: list[str] = []
-        """Each row's event id as text."""
-        self.extra: list[Any] = []
+        self.parts: list[Columns] = []
+        self.pending = 0
         self.count = 0
 
+    def add(self, part: Columns, rows: int) -> None:
+        self.parts.append(part)
+        self.pending += rows
+
     def flush(self) -> None:
-        if self.rows:
-            self.table.write(self.make(self.rows, self.ids, self.extra))
-            self.count += len(self.rows)
-            self.rows = []
-            self.ids = []
-            self.extra = []
+        if not self.parts:
+            return
+        parts, self.parts = self.parts, []
+        if len(parts) == 1:
+            columns = parts[0]
+        else:
+            columns = {
+                name: list(itertools.chain.from_iterable(part[name] for part in parts))
+                for name in parts[0]
+            }
+        self.table.write(columns)
+        self.count += self.pending
+        self.pending = 0
 
 
-def _envelope(
-    rows: list[RecordRow], ids: list[str], time_as_text: bool, with_type: bool
-) -> Columns:
-    def column(at: int) -> list[Any]:
-        return list(map(operator.itemgetter(at), rows))
-
+def _envelope(envelope: list[Any], ids: list[str], time_as_text: bool, with_type: bool) -> Columns:
+    """The envelope columns of rows given as their columns (`zip(*rows)`, table order)."""
     columns: Columns = {
-        "seq": column(0),
-        "stream": column(1),
-        "version": column(2),
+        "seq": list(envelope[0]),
+        "stream": list(envelope[1]),
+        "version": list(envelope[2]),
         "event_id": ids,
     }
     if with_type:
-        columns["type"] = column(4)
-    columns["schema"] = column(5)
-    columns["recorded_at"] = list(map(format_ns, column(6))) if time_as_text else column(6)
+        columns["type"] = list(envelope[4])
+    columns["schema"] = list(envelope[5])
+    recorded = envelope[6]
+    columns["recorded_at"] = list(map(format_ns, recorded)) if time_as_text else list(recorded)
     return columns
 
 
@@ -292,7 +318,10 @@ def export(target: str, fmt: str, output: Path) -> None:
             ) from None
     if output.exists() and not output.is_dir():
         raise CliUsageError(f"{output}: exists and is not a folder")
-    with open_log(target) as log:
+    with open_log(target) as log, collector.paused():
+        # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
+        # texts), freed by their reference counts; collections scanning them were a third of
+        # the command's CPU.
         output.mkdir(parents=True, exist_ok=True)
         mark_of = marker.marks(log) if marker is not None else None
         mark_column = marker.column if marker is not None else None
@@ -300,47 +329,54 @@ def export(target: str, fmt: str, output: Path) -> None:
         record_columns = [(n, k, False) for n, k in ENVELOPE] + [("data", "json", True)]
         if mark_column is not None:
             record_columns.append((mark_column, "int", True))
-
-        def records_batch(rows: list[RecordRow], ids: list[str], data: list[Any]) -> Columns:
-            columns = _envelope(rows, ids, time_as_text, with_type=True)
-            columns["data"] = data
-            if mark_column is not None:
-                marks = [mark_of(row[0]) if mark_of is not None else None for row in rows]
-                columns[mark_column] = [m.fields.get(mark_column) if m else None for m in marks]
-            return columns
-
-        records = _Sink(make_table(output / f"records{suffix}", record_columns), records_batch)
+        records = _Sink(make_table(output / f"records{suffix}", record_columns))
         sinks: dict[str, _Sink] = {}
+        classes: dict[str, type[Event]] = {}
         known = event_types()
         head = log.head()
         decoder = _ChunkDecoder(known)
         pending = 0
         try:
             with seq_progress("export", 1, head) as advance:
-                for chunk in _chunks(log.read_rows(1, head), advance):
-                    ids = uuid_texts([row[3] for row in chunk])
-                    events, data = decoder.decode(chunk)
-                    records.rows += chunk
-                    records.ids += ids
-                    records.extra += [
-                        json_text(d) if d is not None else _raw_text(row[7])
-                        for row, d in zip(chunk, data, strict=True)
-                    ]
+                for chunk in _chunks(log.read_rows(1, head, page_size=BATCH), advance):
+                    envelope = list(zip(*chunk, strict=True))
+                    ids = uuid_texts(envelope[3])
+                    types: tuple[str, ...] = envelope[4]
+                    events, data = decoder.decode(chunk, envelope)
+                    columns = _envelope(envelope, ids, time_as_text, with_type=True)
+                    columns["data"] = _data_texts(data, envelope[7])
+                    if mark_column is not None and mark_of is not None:
+                        marks = list(map(mark_of, envelope[0]))
+                        columns[mark_column] = [
+                            m.fields.get(mark_column) if m else None for m in marks
+                        ]
+                    elif mark_column is not None:
+                        columns[mark_column] = [None] * len(chunk)
+                    records.add(columns, len(chunk))
                     records.flush()
-                    for row, uid, event, d in zip(chunk, ids, events, data, strict=True):
-                        if event is None:
+                    # the rows of each type, in seq order (a stable sort of the chunk's indices)
+                    order = sorted(range(len(chunk)), key=types.__getitem__)
+                    for name, group in itertools.groupby(order, key=types.__getitem__):
+                        at = [i for i in group if events[i] is not None]
+                        if not at:
                             continue
-                        sink = sinks.get(row[4])
+                        sink = sinks.get(name)
                         if sink is None:
-                            sink = sinks[row[4]] = _typed_sink(
-                                type(event), output, row[4] + suffix, make_table, time_as_text
+                            first = events[at[0]]
+                            assert first is not None
+                            classes[name] = type(first)
+                            sink = sinks[name] = _typed_sink(
+                                classes[name], output, name + suffix, make_table
                             )
-                        sink.rows.append(row)
-                        sink.ids.append(uid)
-                        sink.extra.append(d)
-                        pending += 1
-                        if len(sink.rows) >= BATCH:
-                            pending -= len(sink.rows)
+                        rows = list(zip(*map(chunk.__getitem__, at), strict=True))
+                        part = _envelope(
+                            rows, list(map(ids.__getitem__, at)), time_as_text, with_type=False
+                        )
+                        part.update(typed_columns(classes[name], list(map(data.__getitem__, at))))
+                        sink.add(part, len(at))
+                        pending += len(at)
+                        if sink.pending >= BATCH:
+                            pending -= sink.pending
                             sink.flush()
                         elif pending >= PENDING:  # rare types wait: few, large row groups
                             for other in sinks.values():
@@ -363,6 +399,17 @@ def _chunks(rows: Iterator[RecordRow], advance: Callable[[int], None]) -> Iterat
         yield chunk
 
 
+def _data_texts(data: list[Any], payloads: Sequence[bytes]) -> list[str | None]:
+    """The `data` column: each event's fields as JSON, or the raw fields of a record whose
+    event does not decode."""
+    if None not in data:
+        return json_texts(data)
+    return [
+        json_text(d) if d is not None else _raw_text(payload)
+        for d, payload in zip(data, payloads, strict=True)
+    ]
+
+
 def _raw_text(payload: bytes) -> str | None:
     """The `data` of a record whose event does not decode: its raw fields, if any."""
     raw = raw_data(payload)
@@ -371,9 +418,11 @@ def _raw_text(payload: bytes) -> str | None:
 
 class _ChunkDecoder:
     """A chunk of rows decoded at once: a msgpack array of their payloads, read by one
-    decoder of every known event type (a tagged union). A chunk holding any other record (an
-    unknown type, another schema version, a payload that does not decode as its row's type)
-    is decoded record by record as `codec.decode` does."""
+    decoder of every known event type (a tagged union). The array is first read as raw
+    items, and each must span exactly its row's payload: a payload that is short, holds two
+    events or trails bytes would otherwise lend its neighbour data. A chunk holding any other
+    record (an unknown type, another schema version, a payload that does not decode as its
+    row's type, or alone) is decoded record by record as `codec.decode` does."""
 
     def __init__(self, known: dict[str, type[Event]]) -> None:
         self.known = known
@@ -382,32 +431,43 @@ class _ChunkDecoder:
         self.many: msgspec.msgpack.Decoder[Any] | None = (
             msgspec.msgpack.Decoder(list[every]) if known else None
         )
+        self.items = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
-    def decode(self, chunk: list[RecordRow]) -> tuple[list[Event | None], list[Any]]:
-        """Each row's event (None: it does not decode) and its fields as builtins."""
-        events = self._at_once(chunk)
+    def decode(
+        self, chunk: list[RecordRow], envelope: list[Any]
+    ) -> tuple[list[Event | None], list[Any]]:
+        """Each row's event (None: it does not decode) and its fields as builtins; `envelope`
+        is the chunk's columns (`zip(*chunk)`)."""
+        events = self._at_once(envelope[4], envelope[5], envelope[7])
         if events is None:
             events = [self._one(row) for row in chunk]
-        data: list[Any] = msgspec.to_builtins(events)
-        for d in data:
-            if d is not None:
-                del d["type"]
+            data: list[Any] = msgspec.to_builtins(events)
+            for d in data:
+                if d is not None:
+                    del d["type"]
+        else:
+            data = msgspec.to_builtins(events)
+            collections.deque(map(operator.delitem, data, itertools.repeat("type")), maxlen=0)
         return events, data
 
-    def _at_once(self, chunk: list[RecordRow]) -> list[Event | None] | None:
+    def _at_once(
+        self, types: Sequence[str], schemas: Sequence[int], payloads: Sequence[bytes]
+    ) -> list[Event | None] | None:
         current, known = self.current, self.known
-        if self.many is None or any(current.get(row[4]) != row[5] for row in chunk):
+        if self.many is None or any(
+            current.get(t) != s for t, s in set(zip(types, schemas, strict=True))
+        ):
             return None
-        header = b"\xdd" + len(chunk).to_bytes(4, "big")
+        blob = b"\xdd" + len(payloads).to_bytes(4, "big") + b"".join(payloads)
         try:
-            events: list[Event | None] = self.many.decode(
-                header + b"".join([row[7] for row in chunk])
-            )
+            items = self.items.decode(blob)
+            if list(map(len, items)) != list(map(len, payloads)):
+                return None  # an item spans more or less than its row's payload
+            events: list[Event | None] = self.many.decode(blob)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
-        for row, event in zip(chunk, events, strict=True):
-            if type(event) is not known[row[4]]:
-                return None
+        if list(map(type, events)) != list(map(known.__getitem__, types)):
+            return None
         return events
 
     @staticmethod
@@ -418,25 +478,34 @@ class _ChunkDecoder:
             return None
 
 
+def typed_columns(cls: type[Event], data: list[dict[str, Any]]) -> Columns:
+    """The field columns of one event type's rows, from their fields as builtins: one
+    lookup of every field per row, transposed at once; nested values as JSON text."""
+    fields = event_columns(cls)
+    if not fields:
+        return {}
+    if len(fields) == 1:
+        only = fields[0][0]
+        values: list[Sequence[Any]] = [[d.get(only) for d in data]]
+    else:
+        getter = operator.itemgetter(*[field for field, _, _, _ in fields])
+        try:
+            values = list(zip(*map(getter, data), strict=True))
+        except KeyError:  # a field left out (omit_defaults): null, as before
+            values = [[d.get(field) for d in data] for field, _, _, _ in fields]
+    return {
+        column: json_texts(column_values) if kind == "json" else list(column_values)
+        for (_, column, kind, _), column_values in zip(fields, values, strict=True)
+    }
+
+
 def _typed_sink(
     cls: type[Event],
     output: Path,
     name: str,
     make_table: Callable[[Path, list[tuple[str, ColumnKind, bool]]], Table],
-    time_as_text: bool,
 ) -> _Sink:
     """The table of one event type: the envelope (no type) and a column per field."""
-    fields = event_columns(cls)
     envelope = [(n, k, False) for n, k in ENVELOPE if n != "type"]
-    typed = [(column, kind, nullable) for _, column, kind, nullable in fields]
-
-    def batch(rows: list[RecordRow], ids: list[str], data: list[dict[str, Any]]) -> Columns:
-        columns = _envelope(rows, ids, time_as_text, with_type=False)
-        for field, column, kind, _ in fields:
-            values = [d.get(field) for d in data]
-            if kind == "json":
-                values = [None if v is None else json_text(v) for v in values]
-            columns[column] = values
-        return columns
-
-    return _Sink(make_table(output / name, envelope + typed), batch)
+    typed = [(column, kind, nullable) for _, column, kind, nullable in event_columns(cls)]
+    return _Sink(make_table(output / name, envelope + typed))

@@ -4,19 +4,22 @@ readers (pyarrow's Parquet reader, the csv and json modules)."""
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eventlog.chain import link
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import append_notes, cli, insert_raw
+from tests.cli.helpers import append_notes, cli, insert_raw, query, sql
 
 
 def export(run: AuditedRun, out: Path, fmt: str) -> None:
@@ -124,3 +127,72 @@ def test_event_ids_are_exported_as_canonical_uuid_text() -> None:
     ids = [uuid.uuid4().bytes for _ in range(50)] + [bytes(16), b"\xff" * 16]
     assert uuid_texts(ids) == [str(uuid.UUID(bytes=raw)) for raw in ids]
     assert uuid_texts([]) == []
+
+
+def insert_payload(path: str, type_name: str, payload: bytes, version: int) -> int:
+    """Append a record of stream `odd` whose payload is exactly `payload` (chain correct)."""
+    head, previous = query(path, "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")[0]
+    seq, event_id, recorded_at = head + 1, uuid.uuid4().bytes, 1_800_000_000_123_456_789
+    chain = link(previous, seq, "odd", version, event_id, type_name, 1, recorded_at, payload)
+    sql(
+        path,
+        (
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, "odd", version, event_id, type_name, 1, recorded_at, payload, chain),
+        ),
+    )
+    return int(seq)
+
+
+def test_a_payload_holding_its_neighbours_event_lends_it_no_data(
+    log_file: str, tmp_path: Path
+) -> None:
+    """Two payloads that each fail alone (one holds two events, the next is empty) read as two
+    events when a chunk's payloads are decoded as one array: each record keeps what its own
+    payload holds, as record by record."""
+    append_notes(log_file, 2)
+    note = {"type": "CliNote", "text": "lent", "n": 9}
+    doubled = insert_payload(log_file, "CliNote", msgspec.msgpack.encode(note) * 2, 0)
+    empty = insert_payload(log_file, "CliNote", b"", 1)
+    append_notes(log_file, 1)
+    out = tmp_path / "out"
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+
+    records = {
+        r["seq"]: r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())
+    }
+    assert records[doubled]["data"] is None and records[empty]["data"] is None
+    notes = [json.loads(line) for line in (out / "CliNote.jsonl").read_text().splitlines()]
+    assert [n["seq"] for n in notes] == [1, 2, empty + 1]
+    assert "lent" not in (out / "CliNote.jsonl").read_text()
+
+
+def test_export_runs_with_the_cyclic_collector_paused(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every table is written while the collector rests, and it is on again afterwards."""
+    from eventlog.cli import export as module
+
+    seen: list[bool] = []
+    real = module.FORMATS["jsonl"]
+
+    class Spy(module._JsonLines):
+        def write(self, columns: module.Columns) -> None:
+            seen.append(gc.isenabled())
+            super().write(columns)
+
+    monkeypatch.setitem(module.FORMATS, "jsonl", (real[0], Spy))
+    append_notes(log_file, 3)
+    assert gc.isenabled()
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+
+def test_event_ids_of_another_length_are_refused() -> None:
+    from eventlog.cli.export import uuid_texts
+
+    with pytest.raises(ValueError, match="16 bytes"):
+        uuid_texts([bytes(16), bytes(15)])
