@@ -236,15 +236,23 @@ class AuditState:
         low, high, inside = self._skip_window
         if low <= seq <= high:
             return inside
+        return self.skip_window(seq)[2]
+
+    def skip_window(self, seq: int) -> tuple[int, int, bool]:
+        """(low, high, rolled back) of the seqs around `seq` that are all rolled back or all
+        not: a reader in seq order asks again only once it leaves the window."""
+        low, high, _ = self._skip_window
+        if low <= seq <= high:
+            return self._skip_window
         ranges = self.skipped.ranges
         at = bisect.bisect_right(ranges, (seq, 10**18)) - 1
         if at >= 0 and ranges[at][0] <= seq <= ranges[at][1]:
             self._skip_window = (ranges[at][0], ranges[at][1], True)
-            return True
+            return self._skip_window
         low = ranges[at][1] + 1 if at >= 0 else -(10**18)
         high = ranges[at + 1][0] - 1 if at + 1 < len(ranges) else 10**18
         self._skip_window = (low, high, False)
-        return False
+        return self._skip_window
 
     def set_key(self, group_id: str, key: Key) -> None:
         self.keys[group_id] = key
@@ -533,6 +541,123 @@ _WORKER: dict[type, Callable[[AuditState, Any, int], None]] = {
     GenerationFinished: _on_finished,
 }
 """Worker records: what they add depends on when they were recorded, not on the history."""
+
+
+def _row_entry(name: str) -> tuple[int, Any, Any, Any]:
+    """What `fold_rows` does with a record of type `name`: (the schema its view reads or -1,
+    the view's decode, the view's handler, the view's worker handler)."""
+    found = VIEWS.get(name)
+    if found is None:
+        return (-1, None, None, None)
+    schema, view = found
+    decoder = msgspec.msgpack.Decoder(view)
+    return (schema, decoder.decode, _HANDLERS.get(view), _WORKER.get(view))
+
+
+_ROW_TABLE: dict[str, tuple[int, Any, Any, Any]] = {name: _row_entry(name) for name in STATS_TYPES}
+"""Type name -> `_row_entry`, for every type the fold reads."""
+
+
+# -- folding stored rows ----------------------------------------------------------------------
+
+PayloadRow = tuple[int, str, int, int, bytes]
+"""seq, type name, schema version, recorded_at, payload of a stored record."""
+
+RowDecoder = Callable[[str, int, bytes, int], object | None]
+"""(type name, schema, payload, seq) -> the event, or None when it does not decode."""
+
+Watch = Callable[[Any, int, bool], None]
+"""Called with (event or view, recorded_at, effective) after the fold took the record."""
+
+
+@dataclass(slots=True)
+class TimeBins:
+    """A histogram of every record's recorded_at: `bins` equal slices of first..first+span
+    (a time outside lands in the first or last bin)."""
+
+    first: int
+    span: int
+    bins: list[int]
+
+
+def fold_rows(
+    state: AuditState,
+    rows: Iterable[PayloadRow],
+    decode: RowDecoder,
+    *,
+    seen: set[str] | None = None,
+    watch: dict[type, Watch] | None = None,
+    times: TimeBins | None = None,
+    advance: Callable[[int], None] | None = None,
+) -> None:
+    """`fold_event` of every stored row (seq order), in one loop: a record of a type the fold
+    ignores is counted without decoding it; the frequent types are decoded as their VIEWS
+    (at the schema a view reads), the others with `decode`; a record that does not decode is
+    counted, not read. The same figures as `fold_event(state, seq, at, stats_event(...))`
+    per row, without its per-record calls.
+
+    `seen` gets the name of every record type decoded other than as a view; `watch`
+    maps an event class to what to call after the fold took one; `times` counts every
+    record's recorded_at; `advance` is called now and then with the seq reached."""
+    table = _ROW_TABLE
+    workers, handlers = _WORKER, _HANDLERS
+    watching = watch or {}
+    if times is not None:
+        first, span, bins = times.first, max(times.span, 1), times.bins
+        n_bins = len(bins)
+        last_bin = n_bins - 1
+    records = rolled_back = 0
+    low, high, inside = 1, 0, False
+    seq = state.seq
+    try:
+        for seq, type_name, schema, at, payload in rows:
+            records += 1
+            if not low <= seq <= high:
+                low, high, inside = state.skip_window(seq)
+            if not records & 4095 and advance is not None:
+                advance(seq)
+            if inside:
+                rolled_back += 1
+            if times is not None:
+                bins[max(min((at - first) * n_bins // span, last_bin), 0)] += 1
+            entry = table.get(type_name)
+            if entry is None:  # a type the fold does not read: counted only
+                continue
+            state.seq = seq
+            ev: object | None
+            view_schema, view, on_view, on_worker = entry
+            if view_schema == schema:  # a frequent type, as the view of what the fold reads
+                try:
+                    ev = view(payload)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if on_worker is not None:
+                    on_worker(state, ev, at)
+                else:
+                    on_view(state, ev, not inside)
+            else:
+                if seen is not None:
+                    seen.add(type_name)
+                ev = decode(type_name, schema, payload, seq)
+                if ev is None:
+                    continue
+                worker = workers.get(type(ev))
+                if worker is not None:
+                    worker(state, ev, at)
+                else:
+                    handler = handlers.get(type(ev))
+                    if handler is not None:
+                        handler(state, ev, not inside)
+            if watching:
+                watcher = watching.get(type(ev))
+                if watcher is not None:
+                    watcher(ev, at, not inside)
+    finally:
+        state.records += records
+        state.rolled_back_records += rolled_back
+        state.seq = seq
+        if advance is not None:
+            advance(seq)
 
 
 # -- the report -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
-from eventlog.recovery.cli.runlog import RunLog, stats_event
+from eventlog.recovery.cli.runlog import RunLog, stored_event
 from eventlog.recovery.vocabulary import (
     AttemptFailed,
     GenerationFailed,
@@ -42,7 +42,9 @@ from projections.audit_stats import (
     FinishedView,
     SealedView,
     StartedView,
-    fold_event,
+    TimeBins,
+    Watch,
+    fold_rows,
     report,
 )
 
@@ -102,23 +104,20 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
     pic.checkpoints = [(at_seq[seq], ev.step) for seq, ev in run.checkpoints]
     pic.restores = [r.recorded_at for r, _ in run.restores]
     state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
-    rate = pic.rate
-    last_bin = RATE_BINS - 1
+    times = TimeBins(first, span, pic.rate)
     with seq_progress("report", 1, head) as advance:
-        for seq, type_name, schema, at, payload in log.read_payloads(1, head):
-            advance(seq)
-            rate[max(min((at - first) * RATE_BINS // span, last_bin), 0)] += 1
-            ev = stats_event(type_name, schema, payload, seq)
-            fold_event(state, seq, at, ev)
-            if ev is not None:
-                _gantt(pic, ev, at, not state.rolled_back(seq))
+        rows = log.read_payloads(1, head)
+        fold_rows(state, rows, stored_event, watch=_gantt(pic), times=times, advance=advance)
     pic.records = state.records
     pic.stats = report(state)
     return pic
 
 
-def _gantt(pic: RunPicture, ev: object, at: int, effective: bool) -> None:
-    def decide(rid: str, verdict: str) -> None:
+def _gantt(pic: RunPicture) -> dict[type, Watch]:
+    """What the Gantt takes of each event class the fold reads (by class: the frequent
+    TokensStaged is not looked at)."""
+
+    def decide(rid: str, verdict: str, at: int, effective: bool) -> None:
         bar = pic.bars.get(rid)
         if bar is None:
             return
@@ -129,30 +128,56 @@ def _gantt(pic: RunPicture, ev: object, at: int, effective: bool) -> None:
         elif bar.verdict is None:
             bar.rolled_back_verdict = True
 
-    if isinstance(ev, GroupReserved):
+    def reserved(ev: GroupReserved, at: int, effective: bool) -> None:
         if ev.group_id not in pic.groups and len(pic.groups) < GANTT_GROUPS:
             pic.groups[ev.group_id] = (at, None)
-    elif isinstance(ev, StartedView | GenerationStarted):
+
+    def started(ev: StartedView | GenerationStarted, at: int, effective: bool) -> None:
         if ev.group_id in pic.groups:
             pic.bars[ev.rollout_id] = _Bar(group=ev.group_id, start=at)
-    elif isinstance(ev, FinishedView | GenerationFinished | GenerationFailed):
+
+    def ended(
+        ev: FinishedView | GenerationFinished | GenerationFailed, at: int, effective: bool
+    ) -> None:
         bar = pic.bars.get(ev.rollout_id)
         if bar is not None:
             bar.end = at
-    elif isinstance(ev, SealedView | SiblingSealed):
-        decide(ev.rollout_id, "counts")
-    elif isinstance(ev, GroupSealed):
+
+    def sealed(ev: SealedView | SiblingSealed, at: int, effective: bool) -> None:
+        decide(ev.rollout_id, "counts", at, effective)
+
+    def group_sealed(ev: GroupSealed, at: int, effective: bool) -> None:
         for result in ev.results:
-            decide(result.rollout_id, "counts")
-    elif isinstance(ev, AttemptFailed):
-        decide(ev.rollout_id, "failed")
-    elif isinstance(ev, UnsealedAbandoned | GroupAbandoned):
+            decide(result.rollout_id, "counts", at, effective)
+
+    def failed(ev: AttemptFailed, at: int, effective: bool) -> None:
+        decide(ev.rollout_id, "failed", at, effective)
+
+    def abandoned(ev: UnsealedAbandoned | GroupAbandoned, at: int, effective: bool) -> None:
         for ref in ev.attempts:
-            decide(ref.rollout_id, "abandoned")
-    elif isinstance(ev, GroupFinalized | GroupDiscarded) and effective:
+            decide(ref.rollout_id, "abandoned", at, effective)
+
+    def left(ev: GroupFinalized | GroupDiscarded, at: int, effective: bool) -> None:
         found = pic.groups.get(ev.group_id)
-        if found is not None:
+        if found is not None and effective:
             pic.groups[ev.group_id] = (found[0], at)
+
+    return {
+        GroupReserved: reserved,
+        StartedView: started,
+        GenerationStarted: started,
+        FinishedView: ended,
+        GenerationFinished: ended,
+        GenerationFailed: ended,
+        SealedView: sealed,
+        SiblingSealed: sealed,
+        GroupSealed: group_sealed,
+        AttemptFailed: failed,
+        UnsealedAbandoned: abandoned,
+        GroupAbandoned: abandoned,
+        GroupFinalized: left,
+        GroupDiscarded: left,
+    }
 
 
 # -- drawing ----------------------------------------------------------------------------------

@@ -60,6 +60,14 @@ def stats_event(type_name: str, schema: int, payload: bytes, seq: int) -> object
         return None
 
 
+def stored_event(type_name: str, schema: int, payload: bytes, seq: int) -> object | None:
+    """A stored record's event, or None when it does not decode (`fold_rows`' decoder)."""
+    try:
+        return codec.decode(type_name, schema, payload, seq=seq)
+    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError):
+        return None
+
+
 _VIEWS: dict[str, tuple[int, msgspec.msgpack.Decoder[Any]]] = {
     name: (schema, msgspec.msgpack.Decoder(view)) for name, (schema, view) in VIEWS.items()
 }

@@ -9,14 +9,14 @@ from rich.table import Table
 from eventlog.cli.output import seq_progress
 from eventlog.cli.stats import make_stats
 from eventlog.log import EventLog
-from eventlog.recovery.cli.runlog import RunLog, stats_event
+from eventlog.recovery.cli.runlog import RunLog, stored_event
 from projections.audit import RECOVERY_TYPES
 from projections.audit_stats import (
     AuditReport,
     AuditState,
     KeyReport,
     StepReport,
-    fold_event,
+    fold_rows,
     report,
 )
 
@@ -36,13 +36,10 @@ class RecoverySection:
 
     def read(self, log: EventLog, head: int) -> None:
         """One pass in seq order; only the types the fold reads are decoded (the most
-        frequent ones as views of the fields it reads)."""
-        state, seen = self._state, self._types
+        frequent ones as views of the fields it reads), in `fold_rows`' one loop."""
         with seq_progress("stats", 1, head) as advance:
-            for seq, type_name, schema, at, payload in log.read_payloads(1, head):
-                advance(seq)
-                seen.add(type_name)
-                fold_event(state, seq, at, stats_event(type_name, schema, payload, seq))
+            rows = log.read_payloads(1, head)
+            fold_rows(self._state, rows, stored_event, seen=self._types, advance=advance)
 
     def report(self) -> AuditReport | None:
         return report(self._state) if RECOVERY_TYPES & self._types else None
