@@ -686,7 +686,5 @@ def run(
         highlight=False,
     )
     print_targets(console, results.targets)
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
+    results.save(out_dir, console)
     return results

@@ -34,7 +34,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch, verdict
+from bench.common import (
+    RESULTS_DIR,
+    Results,
+    column_table,
+    machine,
+    print_targets,
+    scratch,
+    verdict,
+)
 from bench.runlog import CACHE_DIR, RunLog, run_log
 
 SIZES = (1_000_000, 100_000)
@@ -188,9 +196,12 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(rows: Sequence[dict[str, Any]]) -> Table:
-    out = Table(title="audit commands (one eventlog process each, output discarded)")
-    for name in ("records", "command", "seconds", "records/s", "peak RSS MB"):
-        out.add_column(name, justify="left" if name == "command" else "right")
+    out = column_table(
+        "audit commands (one eventlog process each, output discarded)",
+        ("records", "command", "seconds", "records/s", "peak RSS MB"),
+        left={"command"},
+        title_justify="center",
+    )
     for r in rows:
         out.add_row(
             f"{r['records']:,}",
@@ -234,9 +245,7 @@ def run(
     results.targets = evaluate_targets(rows)
     console.print(table(rows))
     print_targets(console, results.targets, ",.2f")
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
+    results.save(out_dir, console)
     return results
 
 

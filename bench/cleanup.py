@@ -37,7 +37,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results
+from bench.common import RESULTS_DIR, Results, column_table
 from bench.fencing import (
     STREAMS,
     Step,
@@ -46,19 +46,17 @@ from bench.fencing import (
     rounds_of,
     run_ab,
 )
+from bench.soak_ledger import stage_rows
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.events import Event, event_type
-from eventlog.records import ANY, NO_STREAM, AppendRequest
+from eventlog.records import NO_STREAM, AppendRequest
 from eventlog.recovery.barrier import MutationBarrier
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     ClearedKey,
     GroupFinalized,
     PromptRef,
-    Receipt,
-    TokensStaged,
-    attempt_stream,
 )
 
 SIBLINGS = 2
@@ -164,24 +162,7 @@ def lifecycle_commands(log: EventLog, groups: int, offset: int) -> dict[str, flo
                     ledger.dispatch(cut, gid)
                 for index in range(SIBLINGS):
                     rid = ledger.group(gid).siblings[index].current.rollout_id
-                    keys = [f"{rid}/call-{c}" for c in range(CALLS)]
-                    plane.put_rows(  # the worker's
-                        STAGING,
-                        {k: {"token_ids": tokens} for k in keys},
-                        tags={k: {"rollout_id": rid} for k in keys},
-                    )
-                    staged = [
-                        TokensStaged(
-                            rollout_id=rid,
-                            partition=STAGING,
-                            staging_key=k,
-                            token_count=16,
-                            weight_version=0,
-                        )
-                        for k in keys
-                    ]
-                    log.append(attempt_stream(rid), staged, ANY)
-                    receipt = Receipt(rollout_id=rid, staging_keys=keys)
+                    receipt = stage_rows(ledger, log, rid, CALLS, tokens=16)  # the worker's
                     with timed("seal"):
                         ledger.seal_sibling(
                             cut,
@@ -239,20 +220,19 @@ def cells(
 
 def lifecycle_table(rows: list[dict[str, Any]]) -> Table:
     """The difference beside a real finalize command and a group's whole ledger life."""
-    out = Table(
-        title=f"cleanup against a group's life ({' '.join(LIFECYCLE)}; median µs)",
-        title_justify="left",
+    out = column_table(
+        f"cleanup against a group's life ({' '.join(LIFECYCLE)}; median µs)",
+        (
+            "backend",
+            "durability",
+            "Δ µs",
+            "finalize command µs",
+            "Δ share of finalize",
+            "group's commands µs",
+            "Δ share of the group's commands",
+        ),
+        left={"backend"},
     )
-    for name in (
-        "backend",
-        "durability",
-        "Δ µs",
-        "finalize command µs",
-        "Δ share of finalize",
-        "group's commands µs",
-        "Δ share of the group's commands",
-    ):
-        out.add_column(name, justify="left" if name == "backend" else "right")
     for r in rows:
         out.add_row(
             r["backend"],

@@ -12,14 +12,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
+from rich.table import Table
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -184,6 +185,26 @@ class Results:
         rows_path.write_text(json.dumps(self.rows, indent=1) + "\n")
         header_path.write_text(json.dumps(self.header, indent=1) + "\n")
         return [rows_path, header_path]
+
+    def save(self, out_dir: Path | None, console: Console) -> None:
+        """Write the results (unless `out_dir` is None: a run that keeps nothing) and say where."""
+        if out_dir is not None:
+            for path in self.write(out_dir):
+                console.print(f"wrote {path}")
+
+
+def column_table(
+    title: str,
+    columns: Sequence[str],
+    *,
+    left: Collection[str],
+    title_justify: JustifyMethod = "left",
+) -> Table:
+    """A table whose `left` columns (names, labels) are left-justified and the figures right."""
+    out = Table(title=title, title_justify=title_justify)
+    for name in columns:
+        out.add_column(name, justify="left" if name in left else "right")
+    return out
 
 
 def verdict(

@@ -276,9 +276,7 @@ def run(
     add_ratios(rows)
     results.rows = rows
     console.print(table(rows))
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
+    results.save(out_dir, console)
     return results
 
 

@@ -30,7 +30,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch, verdict
+from bench.common import (
+    RESULTS_DIR,
+    Results,
+    column_table,
+    machine,
+    print_targets,
+    scratch,
+    verdict,
+)
 from bench.pg import PgUnavailable, pg_server
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
@@ -244,18 +252,20 @@ def cells(
 def ab_table(title: str, names: tuple[str, str], rows: Sequence[dict[str, Any]]) -> Table:
     """The cells as a table; `names` (without, with) name the two per-kind columns."""
     without, with_ = names
-    out = Table(title=title, title_justify="left")
-    for name in (
-        "backend",
-        "durability",
-        f"{with_} µs",
-        f"{without} µs",
-        "Δ µs (per round)",
-        "A-vs-A noise µs",
-        "ledger command µs",
-        "Δ share of command",
-    ):
-        out.add_column(name, justify="left" if name == "backend" else "right")
+    out = column_table(
+        title,
+        (
+            "backend",
+            "durability",
+            f"{with_} µs",
+            f"{without} µs",
+            "Δ µs (per round)",
+            "A-vs-A noise µs",
+            "ledger command µs",
+            "Δ share of command",
+        ),
+        left={"backend"},
+    )
     for r in rows:
         out.add_row(
             r["backend"],
@@ -308,9 +318,7 @@ def run_ab(
     results.targets = [cell_target(r, what) for r in rows]
     console.print(ab_table(title, names, rows))
     print_targets(console, results.targets, ".4f")
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
+    results.save(out_dir, console)
     return results
 
 

@@ -47,7 +47,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import RESULTS_DIR, Results, machine, print_targets, scratch, verdict
+from bench.common import (
+    RESULTS_DIR,
+    Results,
+    column_table,
+    machine,
+    print_targets,
+    scratch,
+    verdict,
+)
 from bench.runlog import CACHE_DIR, REPO, RunLog, copy_log, run_log
 
 RECORDS = 1_000_000
@@ -508,20 +516,22 @@ def size_rows(
 
 
 def table(rows: Sequence[dict[str, Any]]) -> Table:
-    out = Table(title="replay and restore", title_justify="left")
-    for name in (
-        "benchmark",
-        "snapshot",
-        "records",
-        "records/s",
-        "range",
-        "seconds",
-        "CPU µs/rec",
-        "folded",
-        "peak RSS MB",
-        "× no snapshot",
-    ):
-        out.add_column(name, justify="left" if name == "benchmark" else "right")
+    out = column_table(
+        "replay and restore",
+        (
+            "benchmark",
+            "snapshot",
+            "records",
+            "records/s",
+            "range",
+            "seconds",
+            "CPU µs/rec",
+            "folded",
+            "peak RSS MB",
+            "× no snapshot",
+        ),
+        left={"benchmark"},
+    )
     for r in rows:
         if "records_per_s_min" in r:
             spread = f"{r['records_per_s_min']:,.0f}–{r['records_per_s_max']:,.0f}"
@@ -629,9 +639,7 @@ def run(
             highlight=False,
         )
     print_targets(console, results.targets, ",.2f")
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
+    results.save(out_dir, console)
     return results
 
 

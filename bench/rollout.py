@@ -279,9 +279,7 @@ def run(
         engine.close()
         if made_workdir:
             shutil.rmtree(work, ignore_errors=True)
-    target = out_dir or RESULTS_DIR
-    for path in results.write(target):
-        console.print(f"wrote {path}")
+    results.save(out_dir or RESULTS_DIR, console)
     return results
 
 

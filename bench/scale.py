@@ -564,9 +564,7 @@ def run(
     ]
     console.print(table(results.rows))
     print_targets(console, results.targets, ",.3f")
-    if out_dir is not None:
-        for path in results.write(out_dir):
-            console.print(f"wrote {path}")
+    results.save(out_dir, console)
     return results
 
 

@@ -83,17 +83,20 @@ def prompt_for(sample_id: str) -> dict[str, Any]:
     return {"prompt_id": f"p-{sample_id}", "task_name": "math", "text": f"q{sample_id}"}
 
 
-def _stage(ledger: RecoveryLedger, log: EventLog, rollout_id: str, calls: int) -> Receipt:
+def stage_rows(
+    ledger: RecoveryLedger, log: EventLog, rollout_id: str, calls: int, tokens: int = 4
+) -> Receipt:
     """What a worker does: put tagged rows, then record TokensStaged (outside the barrier)."""
     keys = [f"{rollout_id}/call-{c}" for c in range(calls)]
     tags = {k: {"rollout_id": rollout_id, "call": str(c)} for c, k in enumerate(keys)}
-    ledger.data_plane.put_rows(STAGING, {k: {"token_ids": torch.arange(4)} for k in keys}, tags)
+    rows = {k: {"token_ids": torch.arange(tokens)} for k in keys}
+    ledger.data_plane.put_rows(STAGING, rows, tags)
     staged = [
         TokensStaged(
             rollout_id=rollout_id,
             partition=STAGING,
             staging_key=k,
-            token_count=4,
+            token_count=tokens,
             weight_version=0,
         )
         for k in keys
@@ -180,7 +183,7 @@ def _one_command(
             if rng.random() < 0.2:
                 ledger.fail_attempt(cut, gid, index, rollout_id=attempt.rollout_id, error="soak")
                 return
-            receipt = _stage(ledger, log, attempt.rollout_id, rng.randint(1, 3))
+            receipt = stage_rows(ledger, log, attempt.rollout_id, rng.randint(1, 3))
             ledger.seal_sibling(
                 cut,
                 gid,

@@ -32,9 +32,9 @@ sys.exit(code)
 """
 
 
-def loaded_by(*args: str) -> set[str]:
-    """The modules `eventlog ARGS` had loaded when it finished (it must succeed)."""
-    done = subprocess.run(
+def probed(*args: str) -> subprocess.CompletedProcess[str]:
+    """`eventlog ARGS` in a fresh interpreter that lists its loaded modules on stderr."""
+    return subprocess.run(
         [sys.executable, "-c", PROBE, *args],
         capture_output=True,
         text=True,
@@ -42,6 +42,11 @@ def loaded_by(*args: str) -> set[str]:
         timeout=120,
         check=False,
     )
+
+
+def loaded_by(*args: str) -> set[str]:
+    """The modules `eventlog ARGS` had loaded when it finished (it must succeed)."""
+    done = probed(*args)
     assert done.returncode == 0, done.stderr
     marker = done.stderr.rindex("MODULES ")
     return set(json.loads(done.stderr[marker + len("MODULES ") :]))
@@ -80,14 +85,7 @@ def test_a_log_off_head_is_still_judged_by_alembic(run: AuditedRun) -> None:
     run.h.log.close()
     with sqlite3.connect(run.path) as conn:
         conn.execute("UPDATE alembic_version SET version_num = '0003'")
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, "stats", run.path],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
+    done = probed("stats", run.path)
     assert done.returncode == 3, done.stderr
     assert "schema revision 0003, this eventlog needs 0004" in done.stderr
     assert '"alembic"' in done.stderr
