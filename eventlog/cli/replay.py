@@ -23,7 +23,6 @@ from eventlog.cli.views import (
     JsonHead,
     Mark,
     RecordLines,
-    RecordView,
     row_json,
     uuid_text,
     view_record,
@@ -31,8 +30,7 @@ from eventlog.cli.views import (
 )
 from eventlog.errors import SchemaError
 from eventlog.log import EventLog
-from eventlog.records import Record
-from eventlog.store.base import RecordRow
+from eventlog.store.base import RecordRow, record_of_row
 
 
 @dataclass
@@ -194,18 +192,14 @@ def replay(
         head = log.head()
         last = head if high is None else min(high, head)
         mark_of = marker.marks(log) if marker is not None else None
-        if as_json:
-            rows = log.read_rows(low, high, wanted, list(types) or None)
-            if single:
-                rows = (r for r in rows if r[1] in whole or r[0] in single.get(r[1], ()))
-            with seq_progress("replay", low, last) as advance:
-                _write_json(rows, advance, since, until, allow_unknown, mark_of, hide_marked)
-            return
-        records = log.read_records(low, high, wanted, list(types) or None)
+        rows = log.read_rows(low, high, wanted, list(types) or None)
         if single:
-            records = (r for r in records if r.stream in whole or r.seq in single.get(r.stream, ()))
+            rows = (r for r in rows if r[1] in whole or r[0] in single.get(r[1], ()))
         with seq_progress("replay", low, last) as advance:
-            views = _views(records, advance, since, until, allow_unknown, mark_of, hide_marked)
+            selected = _selected(rows, advance, since, until, mark_of, hide_marked)
+            if as_json:
+                _write_json(selected, allow_unknown)
+                return
             printer = RecordLines(
                 stdout_console(),
                 seq_width=len(str(last)),
@@ -216,24 +210,40 @@ def replay(
                 ),
             )
             try:
-                for view in views:
-                    printer.add(view)
+                for row, mark in selected:
+                    record = record_of_row(row)
+                    printer.add(view_record(record, allow_unknown=allow_unknown, mark=mark))
             finally:
                 printer.flush()
         if printer.printed == 0:
             stderr_console().print("no records match")
 
 
-def _write_json(
+def _selected(
     rows: Iterator[RecordRow],
     advance: Callable[[int], None],
     since: int | None,
     until: int | None,
-    allow_unknown: bool,
     mark_of: Callable[[int], Mark | None] | None,
     hide_marked: bool,
-) -> None:
-    """`_views` as JSON lines, written from the rows in chunks of bytes.
+) -> Iterator[tuple[RecordRow, Mark | None]]:
+    """The rows to show, each with its mark (None: unmarked), for the table and `--json`."""
+    for row in rows:
+        seq = row[0]
+        advance(seq)
+        recorded_at = row[6]
+        if since is not None and recorded_at < since:
+            continue
+        if until is not None and recorded_at > until:
+            continue
+        mark = mark_of(seq) if mark_of is not None else None
+        if mark is not None and hide_marked:
+            continue
+        yield row, mark
+
+
+def _write_json(selected: Iterator[tuple[RecordRow, Mark | None]], allow_unknown: bool) -> None:
+    """The rows as JSON lines, written in chunks of bytes.
 
     A record that decodes and carries no mark is written by `write_json_line`: no Record,
     UUID, builtins, view or dict per record, which were two thirds of `replay --json`. Any
@@ -245,15 +255,10 @@ def _write_json(
     chunk = bytearray()
     decode = codec.decode
     try:
-        for row in rows:
-            seq, stream, version, event_id, type_name, schema, recorded_at, payload, _ = row
-            advance(seq)
-            if since is not None and recorded_at < since:
-                continue
-            if until is not None and recorded_at > until:
-                continue
-            mark = mark_of(seq) if mark_of is not None else None
+        for row, mark in selected:
+            written = False
             if mark is None:
+                seq, stream, version, event_id, type_name, schema, recorded_at, payload, _ = row
                 try:
                     event = decode(type_name, schema, payload, seq=seq)
                 except SchemaError:  # `row_json` shows it raw or raises, as allow_unknown says
@@ -263,12 +268,6 @@ def _write_json(
                         seq, stream, version, uuid_text(event_id), type_name, format_ns(recorded_at)
                     )
                     written = write_json_line(chunk, head, event)
-                else:
-                    written = False
-            elif hide_marked:
-                continue
-            else:
-                written = False
             if not written:
                 chunk += row_json(row, allow_unknown=allow_unknown, mark=mark)
                 chunk += b"\n"
@@ -291,24 +290,3 @@ def _write(out: TextIO, binary: BinaryIO | None, chunk: bytearray) -> None:
         out.write(chunk.decode())
         out.flush()
     chunk.clear()
-
-
-def _views(
-    records: Iterator[Record],
-    advance: Callable[[int], None],
-    since: int | None,
-    until: int | None,
-    allow_unknown: bool,
-    mark_of: Callable[[int], Mark | None] | None,
-    hide_marked: bool,
-) -> Iterator[RecordView]:
-    for record in records:
-        advance(record.seq)
-        if since is not None and record.recorded_at < since:
-            continue
-        if until is not None and record.recorded_at > until:
-            continue
-        mark = mark_of(record.seq) if mark_of is not None else None
-        if mark is not None and hide_marked:
-            continue
-        yield view_record(record, allow_unknown=allow_unknown, mark=mark)
