@@ -62,14 +62,7 @@ _NO_VERSION_LIMIT = 2**62
 _SELECT_RECORDS = (
     "SELECT seq, stream, version, event_id, type, schema, recorded_at, payload, chain FROM events"
 )
-_SELECT_PAYLOADS = (
-    "SELECT seq, type, schema, recorded_at, payload FROM events"
-    " WHERE seq >= {m} AND seq <= {m} ORDER BY seq LIMIT {m}"
-)
-_SELECT_TYPED_PAYLOADS = (
-    "SELECT seq, type, schema, recorded_at, payload FROM events"
-    " WHERE seq >= {m} AND seq <= {m} AND type IN ({}) ORDER BY seq LIMIT {m}"
-)
+_SELECT_PAYLOADS = "SELECT seq, type, schema, recorded_at, payload FROM events"
 _SEQ_FROM = "seq >= {m}"
 _SEQ_UNTIL = "seq <= {m}"
 _STREAM_IN = "stream IN ({})"
@@ -690,33 +683,9 @@ class SqlStore:
         _check_seq("until_seq", until_seq)
         if (streams is not None and not streams) or (types is not None and not types):
             return
-        where = [_SEQ_FROM]
-        head: list[Any] = []
-        tail: list[Any] = []
-        lists: list[int] = []
-        if until_seq is not None:
-            where.append(_SEQ_UNTIL)
-            head.append(until_seq)
-        if streams is not None:
-            where.append(_STREAM_IN)
-            head.extend(streams)
-            lists.append(len(streams))
-        if types is not None:
-            where.append(_TYPE_IN)
-            head.extend(types)
-            lists.append(len(types))
-        if stream_prefix is not None:
-            where.append(_prefix_clause(stream_prefix))
-            head.append(stream_prefix)
-        tail.append(page_size)
-        sql = self._sql(_SELECT_RECORDS + " WHERE " + " AND ".join(where) + _BY_SEQ, *lists)
-        next_seq = max(from_seq, 1)
-        while True:
-            page = self._fetch(sql, [next_seq, *head, *tail], next_seq)
-            yield from page
-            if len(page) < page_size:
-                return
-            next_seq = page[-1][0] + 1
+        yield from self._by_seq(
+            _SELECT_RECORDS, from_seq, until_seq, streams, types, stream_prefix, page_size
+        )
 
     def read_payloads(
         self,
@@ -733,15 +702,45 @@ class SqlStore:
         _check_seq("until_seq", until_seq)
         if types is not None and not types:
             return
-        if types is None:
-            sql, wanted = self._sql(_SELECT_PAYLOADS), []
-        else:
-            sql, wanted = self._sql(_SELECT_TYPED_PAYLOADS, len(types)), list(types)
+        yield from self._by_seq(
+            _SELECT_PAYLOADS, from_seq, until_seq, None, types, None, page_size, _checked_payload
+        )
+
+    def _by_seq(
+        self,
+        select: str,
+        from_seq: int,
+        until_seq: int | None,
+        streams: Sequence[str] | None,
+        types: Sequence[str] | None,
+        stream_prefix: str | None,
+        page_size: int,
+        check: Callable[[Sequence[Any]], Any] | None = None,
+    ) -> Iterator[Any]:
+        """The rows of `select` (its first column the seq) from `from_seq` on that match
+        the filters given, in seq order, `page_size` at a time: the one paging of
+        `read_rows` and `read_payloads`."""
+        where = [_SEQ_FROM]
+        params: list[Any] = []
+        lists: list[int] = []
+        if until_seq is not None:
+            where.append(_SEQ_UNTIL)
+            params.append(until_seq)
+        if streams is not None:
+            where.append(_STREAM_IN)
+            params.extend(streams)
+            lists.append(len(streams))
+        if types is not None:
+            where.append(_TYPE_IN)
+            params.extend(types)
+            lists.append(len(types))
+        if stream_prefix is not None:
+            where.append(_prefix_clause(stream_prefix))
+            params.append(stream_prefix)
+        sql = self._sql(select + " WHERE " + " AND ".join(where) + _BY_SEQ, *lists)
         next_seq = max(from_seq, 1)
         while True:
-            page = self._fetch(
-                sql, [next_seq, until_seq, *wanted, page_size], next_seq, _checked_payload
-            )
+            page = self._fetch(sql, [next_seq, *params, page_size], next_seq, check)
             yield from page
             if len(page) < page_size:
                 return
