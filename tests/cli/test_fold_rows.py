@@ -1,12 +1,12 @@
 """`fold_rows`, the one loop `stats` and `report` fold the stored rows in: the same figures
-as folding record by record (`stats_event` then `fold_event`), decoding only what the fold
+as folding record by record (`fold_event` of each whole event), decoding only what the fold
 reads, and what `report` takes beside it (the Gantt's events, every record's time)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from eventlog.recovery.cli.runlog import RunLog, stats_event, stored_event
+from eventlog.recovery.cli.runlog import RunLog, stored_event
 from eventlog.recovery.vocabulary import (
     GenerationStarted,
     GroupReserved,
@@ -36,7 +36,7 @@ def test_fold_rows_gives_the_figures_of_folding_record_by_record(run: AuditedRun
     log = run.h.log
     one_by_one = _state(run)
     for seq, type_name, schema, at, payload in log.read_payloads(1, log.head()):
-        fold_event(one_by_one, seq, at, stats_event(type_name, schema, payload, seq))
+        fold_event(one_by_one, seq, at, stored_event(type_name, schema, payload, seq))
     in_one_loop = _state(run)
     fold_rows(in_one_loop, log.read_payloads(1, log.head()), stored_event)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import difflib
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import msgspec
 
@@ -32,7 +31,6 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
-from projections.audit_stats import STATS_TYPES, VIEWS
 from projections.history import RolledBack, effective_checkpoints, rolled_back
 
 
@@ -44,33 +42,12 @@ def decoded(record: Record) -> RecordedEvent | None:
         return None
 
 
-def stats_event(type_name: str, schema: int, payload: bytes, seq: int) -> object | None:
-    """What `fold_event` (projections.audit_stats) reads of a stored record: a view of the
-    frequent types (at the schema the view reads), the event of the other types it reads,
-    None for every other type and for a record that does not decode (counted, not audited)."""
-    if type_name not in STATS_TYPES:
-        return None
-    view = _VIEWS.get(type_name)
-    try:
-        if view is not None and view[0] == schema:
-            found: object = view[1].decode(payload)
-            return found
-        return codec.decode(type_name, schema, payload, seq=seq)
-    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError):
-        return None
-
-
 def stored_event(type_name: str, schema: int, payload: bytes, seq: int) -> object | None:
     """A stored record's event, or None when it does not decode (`fold_rows`' decoder)."""
     try:
         return codec.decode(type_name, schema, payload, seq=seq)
     except (msgspec.DecodeError, msgspec.ValidationError, SchemaError):
         return None
-
-
-_VIEWS: dict[str, tuple[int, msgspec.msgpack.Decoder[Any]]] = {
-    name: (schema, msgspec.msgpack.Decoder(view)) for name, (schema, view) in VIEWS.items()
-}
 
 
 def decoded_all(records: Iterable[Record]) -> Iterator[RecordedEvent]:
