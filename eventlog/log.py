@@ -169,23 +169,19 @@ class EventLog:
         expected_version: ExpectedVersion = ANY,
     ) -> AppendResult:
         """`append` for asyncio: waits for the shared commit without blocking the loop."""
-        # `append_batch_async` inlined: one coroutine per append, not two.
-        collector.pause()
-        try:
-            future = self._writer.submit_async(
-                self._prepare([AppendRequest(stream, events, expected_version)])
-            )
-        finally:
-            collector.resume()
-        return (await future)[0]
+        # Not through `append_batch_async`: one coroutine per append, not two.
+        return (await self._queue_async([AppendRequest(stream, events, expected_version)]))[0]
 
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        collector.pause()  # while encoding and queueing: never across the await
+        return await self._queue_async(requests)
+
+    def _queue_async(self, requests: Sequence[AppendRequest]) -> asyncio.Future[list[AppendResult]]:
+        """Encode and queue for the writer thread; the future resolves on the running loop."""
+        collector.pause()  # while encoding and queueing: never across the caller's await
         try:
-            future = self._writer.submit_async(self._prepare(requests))
+            return self._writer.submit_async(self._prepare(requests))
         finally:
             collector.resume()
-        return await future
 
     def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:
         started = time.thread_time()
