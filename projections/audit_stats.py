@@ -233,9 +233,6 @@ class AuditState:
 
     def rolled_back(self, seq: int) -> bool:
         """Whether a restore rolled `seq` back (`seq in skipped`, remembered by window)."""
-        low, high, inside = self._skip_window
-        if low <= seq <= high:
-            return inside
         return self.skip_window(seq)[2]
 
     def skip_window(self, seq: int) -> tuple[int, int, bool]:
@@ -487,8 +484,12 @@ def fold_event(state: AuditState, seq: int, recorded_at: int, ev: object | None)
     """`fold_audit` of a record given as its seq, recorded_at and its event (or its view
     from VIEWS; None: a record counted, not read)."""
     effective = count_record(state, seq)
-    if ev is None:
-        return
+    if ev is not None:
+        _take(state, ev, recorded_at, effective)
+
+
+def _take(state: AuditState, ev: object, recorded_at: int, effective: bool) -> None:
+    """Hand a counted record's event (or view) to its worker or history handler, if any."""
     worker = _WORKER.get(type(ev))
     if worker is not None:
         worker(state, ev, recorded_at)
@@ -600,7 +601,6 @@ def fold_rows(
     maps an event class to what to call after the fold took one; `times` counts every
     record's recorded_at; `advance` is called now and then with the seq reached."""
     table = _ROW_TABLE
-    workers, handlers = _WORKER, _HANDLERS
     watching = watch or {}
     if times is not None:
         first, span, bins = times.first, max(times.span, 1), times.bins
@@ -641,13 +641,7 @@ def fold_rows(
                 ev = decode(type_name, schema, payload, seq)
                 if ev is None:
                     continue
-                worker = workers.get(type(ev))
-                if worker is not None:
-                    worker(state, ev, at)
-                else:
-                    handler = handlers.get(type(ev))
-                    if handler is not None:
-                        handler(state, ev, not inside)
+                _take(state, ev, at, not inside)
             if watching:
                 watcher = watching.get(type(ev))
                 if watcher is not None:
