@@ -265,6 +265,7 @@ def _with_current(sibling: SiblingState, attempt: AttemptState) -> SiblingState:
 _SIBLING = Granularity.SIBLING
 _ENDED: tuple[AttemptStatus, ...] = ("failed", "abandoned")
 _DISPATCHED: tuple[AttemptStatus, ...] = ("dispatched",)
+_RESERVED: tuple[AttemptStatus, ...] = ("reserved",)
 
 
 def _named(group: GroupState, index: int, rollout_id: str, *allowed: AttemptStatus) -> AttemptState:
@@ -350,7 +351,21 @@ def _current_at(
     rollout_id: str,
     allowed: tuple[AttemptStatus, ...],
 ) -> AttemptState:
-    """`_current` for callers that hold the fields, not an AttemptRef (a seal's event)."""
+    """`_current` for callers that hold the fields, not an AttemptRef (a seal's event).
+
+    The common case (the current attempt is the one named, in an allowed status) is checked
+    in place: a dispatch and a seal, a run's most frequent records, take it; `_named` runs
+    (and names what is wrong) only when it fails.
+    """
+    siblings = group.siblings
+    if 0 <= index < len(siblings):
+        current = siblings[index].attempts[-1]
+        if (
+            current.rollout_id == rollout_id
+            and current.attempt == attempt
+            and current.status in allowed
+        ):
+            return current
     current = _named(group, index, rollout_id, *allowed)
     if attempt != current.attempt:
         raise RuleViolation(
@@ -477,15 +492,7 @@ def _on_dispatched(state: LedgerState, ev: SiblingsDispatched) -> None:
     siblings = list(before)
     for ref in ev.attempts:
         index = ref.generation_index
-        current = before[index].attempts[-1] if 0 <= index < len(before) else None
-        if (
-            current is None
-            or current.rollout_id != ref.rollout_id
-            or current.status != "reserved"
-            or current.attempt != ref.attempt
-        ):
-            # Not the common case (the current, reserved attempt): the rule names it.
-            current = _current(group, ref, "reserved")
+        current = _current_at(group, index, ref.attempt, ref.rollout_id, _RESERVED)
         siblings[index] = SiblingState(
             generation_index=index,
             attempts=(
@@ -604,10 +611,10 @@ def _ready_if_complete(group: GroupState) -> GroupState:
 
 
 def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
-    # The most frequent record of a run: the common case (the current, dispatched attempt of
-    # a sibling group that is generating) is checked inline, the functions that own each
-    # rule run (and name what is wrong) only when it fails, and one pass over the siblings
-    # serves both the staging-key rule and whether the group is now complete.
+    # The most frequent record of a run: the common case (a sibling group that is generating,
+    # its current attempt dispatched: `_current_at`) is checked in place, the functions that
+    # own each rule run (and name what is wrong) only when it fails, and one pass over the
+    # siblings serves both the staging-key rule and whether the group is now complete.
     group = state.groups.get(ev.group_id) or state.group(ev.group_id)
     if group.granularity is not _SIBLING:
         require_granularity(group, Granularity.SIBLING, "seal one sibling")
@@ -615,14 +622,7 @@ def _on_sibling_sealed(state: LedgerState, ev: SiblingSealed) -> None:
         _require(group, status=("generating",), action="seal")
     index = ev.generation_index
     siblings = group.siblings
-    current = siblings[index].attempts[-1] if 0 <= index < len(siblings) else None
-    if (
-        current is None
-        or current.rollout_id != ev.rollout_id
-        or current.status != "dispatched"
-        or current.attempt != ev.attempt
-    ):
-        current = _current_at(group, index, ev.attempt, ev.rollout_id, _DISPATCHED)
+    current = _current_at(group, index, ev.attempt, ev.rollout_id, _DISPATCHED)
     others = _others_sealed(group, index)
     sealed = _sealed_attempt(group, ev, current, others)
     replaced = list(siblings)
