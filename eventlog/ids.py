@@ -22,6 +22,8 @@ _random = b""
 _offset = 0
 _RAND_MASK = (1 << 62) - 1
 _TIME_MASK = (1 << 48) - 1
+_LAYOUT = 0x7 << 76 | 0b10 << 62
+"""The version (7) and variant (RFC 4122) bits every id carries."""
 _FEW = 8
 """Up to this many ids (one append's events, a finalize's two) are minted one by one under
 one lock: the bulk path's format string and comprehensions cost more than they save."""
@@ -66,10 +68,8 @@ def mint_event_ids(count: int) -> tuple[list[uuid.UUID], list[bytes]]:
     if count <= 0:
         return [], []
     values: list[int] = []
-    if count <= _FEW:  # an append's few events: no format string, no comprehension
-        minted_few: list[uuid.UUID] = []
-        raw: list[bytes] = []
-        with _lock:
+    with _lock:
+        if count <= _FEW:  # an append's few events: no format string, no comprehension
             if _offset + 8 * count > len(_random):
                 _random, _offset = os.urandom(_RANDOM_CHUNK), 0
             now = time.time_ns() // 1_000_000
@@ -82,52 +82,44 @@ def mint_event_ids(count: int) -> tuple[list[uuid.UUID], list[bytes]]:
                     _last_ms, _counter = _last_ms + 1, 0
                 rand = _from_bytes(_random[_offset : _offset + 8], "big")
                 _offset += 8
-                value = (
-                    (_last_ms & _TIME_MASK) << 80
-                    | 0x7 << 76
-                    | _counter << 64
-                    | 0b10 << 62
-                    | rand & _RAND_MASK
+                values.append(
+                    (_last_ms & _TIME_MASK) << 80 | _LAYOUT | _counter << 64 | rand & _RAND_MASK
                 )
-                event_id: uuid.UUID = _new(_UUID)
-                _set_int(event_id, value)
-                _set_safe(event_id, _UNKNOWN)
-                minted_few.append(event_id)
-                raw.append(value.to_bytes(16, "big"))
-        return minted_few, raw
-    with _lock:
-        need = 8 * count
-        if _offset + need > len(_random):
-            _random, _offset = os.urandom(max(_RANDOM_CHUNK, need)), 0
-        rands = _unpack_from(f">{count}Q", _random, _offset)
-        _offset += need
-        now = time.time_ns() // 1_000_000
-        if now > _last_ms:
-            ms, counter = now, 0
-        else:  # the same (or an earlier) millisecond: go on counting within the last one
-            ms, counter = _last_ms, _counter + 1
-        taken = 0
-        while taken < count:
-            if counter > 0xFFF:  # counter exhausted: borrow the next millisecond
-                ms += 1
-                counter = 0
-            run = min(count - taken, 0x1000 - counter)
-            base = (ms & _TIME_MASK) << 80 | 0x7 << 76 | 0b10 << 62
-            values += [
-                base | (counter + step) << 64 | rand & _RAND_MASK
-                for step, rand in enumerate(rands[taken : taken + run])
-            ]
-            taken += run
-            counter += run
-        _last_ms, _counter = ms, counter - 1
+        else:
+            need = 8 * count
+            if _offset + need > len(_random):
+                _random, _offset = os.urandom(max(_RANDOM_CHUNK, need)), 0
+            rands = _unpack_from(f">{count}Q", _random, _offset)
+            _offset += need
+            now = time.time_ns() // 1_000_000
+            if now > _last_ms:
+                ms, counter = now, 0
+            else:  # the same (or an earlier) millisecond: go on counting within the last one
+                ms, counter = _last_ms, _counter + 1
+            taken = 0
+            while taken < count:
+                if counter > 0xFFF:  # counter exhausted: borrow the next millisecond
+                    ms += 1
+                    counter = 0
+                run = min(count - taken, 0x1000 - counter)
+                base = (ms & _TIME_MASK) << 80 | _LAYOUT
+                values += [
+                    base | (counter + step) << 64 | rand & _RAND_MASK
+                    for step, rand in enumerate(rands[taken : taken + run])
+                ]
+                taken += run
+                counter += run
+            _last_ms, _counter = ms, counter - 1
     # What uuid.UUID(int=value) stores, without re-checking a value built in range.
     minted: list[uuid.UUID] = []
+    raw: list[bytes] = []
     for value in values:
         minted_id: uuid.UUID = _new(_UUID)
         _set_int(minted_id, value)
         _set_safe(minted_id, _UNKNOWN)
         minted.append(minted_id)
-    return minted, [value.to_bytes(16, "big") for value in values]
+        raw.append(value.to_bytes(16, "big"))
+    return minted, raw
 
 
 def uuid_from_bytes(value: bytes) -> uuid.UUID:

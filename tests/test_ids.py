@@ -98,3 +98,31 @@ def test_a_few_ids_minted_together_are_the_ids_as_many_single_mints_would_make(
     ms0 = stamps[0][0]
     expected = [(ms0 + n // 4096, n % 4096) for n in range(len(minted))]
     assert stamps == expected
+
+
+@pytest.mark.parametrize(
+    ("last_ms", "counter"),
+    [(0, 0), (1_960_000_000_000, 7), (1_960_000_000_000, 0xFFD)],
+    ids=["a new millisecond", "counting on", "borrowing the next millisecond"],
+)
+def test_the_few_path_and_the_bulk_path_mint_the_same_ids_from_the_same_state(
+    monkeypatch: pytest.MonkeyPatch, last_ms: int, counter: int
+) -> None:
+    """One rule, two ways of applying it: from the same clock, counter and random bytes, the
+    few path and the bulk path give the same ids, bit for bit (the random tail included),
+    and leave the same counter behind."""
+    frozen = types.SimpleNamespace(time_ns=lambda: 1_960_000_000_000 * 1_000_000)
+    monkeypatch.setattr(eventlog.ids, "time", frozen)
+    random = os.urandom(eventlog.ids._RANDOM_CHUNK)
+    count = eventlog.ids._FEW
+    minted = []
+    for few in (count, 0):  # the few path, then the bulk path for the same count
+        monkeypatch.setattr(eventlog.ids, "_FEW", few)
+        monkeypatch.setattr(eventlog.ids, "_last_ms", last_ms)
+        monkeypatch.setattr(eventlog.ids, "_counter", counter)
+        monkeypatch.setattr(eventlog.ids, "_random", random)
+        monkeypatch.setattr(eventlog.ids, "_offset", 0)
+        ids, raw = mint_event_ids(count)
+        assert [i.bytes for i in ids] == raw
+        minted.append((raw, eventlog.ids._last_ms, eventlog.ids._counter, eventlog.ids._offset))
+    assert minted[0] == minted[1]
