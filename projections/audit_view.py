@@ -41,6 +41,7 @@ from eventlog.recovery.vocabulary import (
     StaleResultRejected,
     TokensStaged,
     UnsealedAbandoned,
+    cleared_of_attempts,
 )
 from projections.audit import AuditRecord
 from projections.history import RolledBack
@@ -166,13 +167,10 @@ def view_group(group_id: str, records: Iterable[AuditRecord], skipped: RolledBac
         if isinstance(ev, RestoreStarted):
             restores.append(rec.seq)
             continue
+        for item in cleared_of_attempts(ev):
+            cleared.setdefault(item.key, rec.seq)
         if isinstance(ev, StagingCleared):
-            for item in ev.of_attempts:
-                cleared.setdefault(item.key, rec.seq)
             continue
-        if isinstance(ev, GroupFinalized):  # a one-record finalize lists the rows it clears
-            for item in ev.staging_cleared:
-                cleared.setdefault(item.key, rec.seq)
         total += 1
         rolled += not effective
         if isinstance(ev, GroupReserved):

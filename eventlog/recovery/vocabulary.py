@@ -391,6 +391,16 @@ class StagingCleared(Event, frozen=True, kw_only=True):
     """The step the clean-up belongs to (a finalized group's target step, a checkpoint's)."""
 
 
+def cleared_of_attempts(event: Event) -> list[ClearedKey]:
+    """The attempts' staging rows a record clears: a StagingCleared's `of_attempts`, or a
+    GroupFinalized's `staging_cleared` (a finalize is one record); none for any other."""
+    if isinstance(event, StagingCleared):
+        return event.of_attempts
+    if isinstance(event, GroupFinalized):
+        return event.staging_cleared
+    return []
+
+
 @event_type
 class RowsCleared(Event, frozen=True, kw_only=True):
     """Canonical (training) rows were deleted from the data plane: trained, evicted, orphaned.

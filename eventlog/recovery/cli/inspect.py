@@ -43,6 +43,7 @@ from eventlog.recovery.vocabulary import (
     TokensStaged,
     UnsealedAbandoned,
     attempt_stream,
+    cleared_of_attempts,
 )
 from projections.audit import group_of_rollout
 from projections.audit_view import AttemptView, GroupView, Incarnation, view_group
@@ -280,8 +281,7 @@ def _names(rec: RecordedEvent, rollout_id: str) -> bool:
     refs = getattr(ev, "attempts", None) or getattr(ev, "results", None) or []
     if any(getattr(ref, "rollout_id", None) == rollout_id for ref in refs):
         return True
-    # The rows cleared for it: a StagingCleared's, or (one-record finalize) a GroupFinalized's.
-    cleared = getattr(ev, "of_attempts", None) or getattr(ev, "staging_cleared", None) or []
+    cleared = cleared_of_attempts(ev)
     return any(c.rollout_id == rollout_id for c in cleared) or isinstance(ev, RestoreStarted)
 
 
