@@ -10,7 +10,6 @@ import asyncio
 import gc
 import select
 import socket
-import sqlite3
 import threading
 import uuid
 from pathlib import Path
@@ -383,16 +382,7 @@ def test_an_assertion_on_a_stream_the_writer_knows_adds_no_statement(
     """The writer knows the versions its own commits left, so the epoch check of a fenced
     command is a comparison in memory: the fenced append sends exactly the statements of
     the unfenced one (no version read for the asserted stream)."""
-    statements: list[str] = []
-    begin = SqliteDialect.begin_write
-
-    def tracing(self: SqliteDialect, cursor: Any) -> None:
-        connection = cursor.connection
-        assert isinstance(connection, sqlite3.Connection)
-        connection.set_trace_callback(statements.append)
-        begin(self, cursor)
-
-    monkeypatch.setattr(SqliteDialect, "begin_write", tracing)
+    statements = _traced(monkeypatch)
     with EventLog.open(tmp_path / "log.db") as log:
         log.append("epoch", [LogNote(text="epoch 1")], NO_STREAM)
         log.append("group/g1", [LogNote(text="first")], NO_STREAM)
