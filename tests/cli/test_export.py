@@ -17,9 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from eventlog.chain import link
+from eventlog.events import Event
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
 from tests.cli.helpers import append_notes, cli, insert_raw, query, sql
+from tests.cli_vocabulary import CliMeasured
 
 
 def export(run: AuditedRun, out: Path, fmt: str) -> None:
@@ -196,3 +198,51 @@ def test_event_ids_of_another_length_are_refused() -> None:
 
     with pytest.raises(ValueError, match="16 bytes"):
         uuid_texts([bytes(16), bytes(15)])
+
+
+def test_tables_written_from_many_chunks_hold_every_row_once(
+    run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of three rows: a type's rows gather over many chunks before its table writes
+    them, and every table holds what one large chunk gives, in the same order."""
+    from eventlog.cli import export as module
+
+    export(run, tmp_path / "whole", "jsonl")
+    monkeypatch.setattr(module, "BATCH", 3)
+    export(run, tmp_path / "chunked", "jsonl")
+    tables = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert len(tables) > 2
+    assert sorted(p.name for p in (tmp_path / "chunked").iterdir()) == tables
+    for name in tables:
+        whole = (tmp_path / "whole" / name).read_text()
+        assert (tmp_path / "chunked" / name).read_text() == whole, name
+
+
+class _OneField(Event, frozen=True, kw_only=True):
+    """One field; not registered: `typed_columns` reads only its fields."""
+
+    text: str
+
+
+def test_typed_columns_are_each_rows_field_as_json_text_or_null() -> None:
+    """The columns of a batch are those of each row alone: nested values as `json_text`
+    (non-ASCII text escaped as before), a null or left-out field as null."""
+    from eventlog.cli.export import event_columns, json_text, typed_columns
+
+    data: list[dict[str, Any]] = [
+        {"name": "a", "value": 1.0, "ok": True, "tags": ["x"], "ref": {"name": "r", "weight": 2.0}},
+        {"name": "b", "value": 0.5, "ok": False, "tags": ["\u00e9\u4e2d"], "ref": None},
+        {"name": "c", "value": 0.0, "ok": True, "tags": []},  # ref left out
+    ]
+    expected = {
+        column: [
+            None if d.get(field) is None else json_text(d[field]) if kind == "json" else d[field]
+            for d in data
+        ]
+        for field, column, kind, _ in event_columns(CliMeasured)
+    }
+    assert typed_columns(CliMeasured, data) == expected
+    assert expected["tags"][1] == '["\\u00e9\\u4e2d"]' and expected["ref"][1:] == [None, None]
+    assert typed_columns(CliMeasured, data[:2]) == {k: v[:2] for k, v in expected.items()}
+    one = [{"text": "ab"}, {"text": "\u00e9"}]
+    assert typed_columns(_OneField, one) == {"text": ["ab", "\u00e9"]}
