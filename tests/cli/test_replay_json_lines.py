@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 
 from eventlog.cli import views
@@ -102,3 +103,22 @@ def marked_seqs(run: AuditedRun) -> list[int]:
         return [r.seq for r in log.read_records() if marks.mark(r.seq) is not None]
     finally:
         log.close()
+
+
+def test_events_without_fields_take_the_short_way(log_file: str, long_ways: list[int]) -> None:
+    records = lines(line("empty", "CliBare", {}), line("s", "CliNote", {"text": "a"}))
+    assert cli("append", log_file, input=records).exit_code == 0
+    assert '"data":{}' in replayed(log_file)
+    assert long_ways == []
+
+
+class _Kind(msgspec.Struct, tag="Kinded", tag_field="kind"):
+    text: str
+
+
+def test_an_event_tagged_by_another_field_is_left_to_the_long_way() -> None:
+    """Its JSON does not start with a "type" tag: nothing is written, `out` is as it was."""
+    out = bytearray(b"before\n")
+    head = views.JsonHead(1, "s", 0, str(uuid.UUID(int=1)), "Kinded", "2026-11-29T12:00:00Z")
+    assert views.write_json_line(out, head, _Kind(text="a")) is False
+    assert out == b"before\n"
