@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from eventlog import NO_STREAM, AppendRequest, ConcurrencyError, EventLog, Proposed
+from eventlog.store.base import SqlStore
 from eventlog.store.postgres import PostgresDialect
 from eventlog.store.sqlite import SqliteDialect
 from tests.vocabulary import LogNote
@@ -203,6 +204,30 @@ def test_single_event_requests_are_linked_without_building_a_request_row_list(
     log.append_batch([AppendRequest("t", [LogNote(text="x"), LogNote(text="y")])])
     assert linked == [2]
     assert log.verify().ok and log.head() == 23
+
+
+def test_a_one_event_submission_is_planned_by_the_short_path(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append of one event with a minted id (the commonest submission) is planned without
+    the general path's undo state (`_plan_one`), a refused one too; a batch of several
+    requests, a chosen id or a longer request takes the general path."""
+    planned: list[str] = []
+    plan_one = SqlStore._plan_one
+
+    def counting(self: SqlStore, batch: Any, stream: str, expected: int, event: Any) -> Any:
+        planned.append(stream)
+        return plan_one(self, batch, stream, expected, event)
+
+    monkeypatch.setattr(SqlStore, "_plan_one", counting)
+    assert log.append("a", [LogNote(text="x")], NO_STREAM).versions == [0]
+    with pytest.raises(ConcurrencyError):
+        log.append("a", [LogNote(text="y")], NO_STREAM)
+    log.append_batch([AppendRequest(s, [LogNote(text="x")]) for s in ("b", "c")])
+    log.append("d", [Proposed(LogNote(text="x"), uuid.uuid4())])
+    log.append("e", [LogNote(text="x"), LogNote(text="y")])
+    assert planned == ["a", "a"]
+    assert log.head() == 6 and log.verify().ok
 
 
 def test_an_append_runs_no_garbage_collection_and_leaves_the_collector_as_it_was(
