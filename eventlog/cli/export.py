@@ -10,7 +10,6 @@ A domain adds marks (e.g. rolled back by a restore) as a `records` column via `m
 
 from __future__ import annotations
 
-import collections
 import copy
 import csv
 import functools
@@ -441,13 +440,10 @@ class _ChunkDecoder:
         events = self._at_once(envelope[4], envelope[5], envelope[7])
         if events is None:
             events = [self._one(row) for row in chunk]
-            data: list[Any] = msgspec.to_builtins(events)
-            for d in data:
-                if d is not None:
-                    del d["type"]
-        else:
-            data = msgspec.to_builtins(events)
-            collections.deque(map(operator.delitem, data, itertools.repeat("type")), maxlen=0)
+        data: list[Any] = msgspec.to_builtins(events)
+        for d in data:
+            if d is not None:
+                del d["type"]
         return events, data
 
     def _at_once(
