@@ -294,12 +294,11 @@ class RecoveryLedger:
         self._fenced: str | None = None
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
-        self._epoch_version: int | None = None
         self._fence: AppendRequest | None = None
-        """The epoch assertion every command's append carries (None: no epoch taken)."""
+        """The epoch assertion every command's append carries: the epoch stream at the version
+        this ledger's fencing epoch sits at (None: no epoch taken). Built once per epoch."""
         self._in_flight: dict[str, asyncio.Future[list[AppendResult]]] = {}
         """Keys (groups, admissions, replay entries, streams) of async commits not yet landed."""
-        """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
         self.replay = ReplayOwnership(
             self._require_state,
             self._commit,
@@ -355,7 +354,13 @@ class RecoveryLedger:
     @property
     def epoch(self) -> int | None:
         """This controller's fencing epoch (None before open or restore took one)."""
-        return None if self._epoch_version is None else self._epoch_version + 1
+        held = self._epoch_version
+        return None if held is None else held + 1
+
+    @property
+    def _epoch_version(self) -> int | None:
+        """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
+        return None if self._fence is None else cast(int, self._fence.expected_version)
 
     def _next_epoch(self, reason: str) -> tuple[str, ExpectedVersion, list[Event]]:
         """The conditional append that takes the epoch after the newest one in the log."""
@@ -686,14 +691,15 @@ class RecoveryLedger:
     ) -> ConcurrencyError:
         """Fence this ledger after a failed append: superseded (the epoch) or stale."""
         asserted = requests[0] if requests else None
+        held = self._epoch_version
         if (
             exc.stream == EPOCH_STREAM
             and asserted is not None
             and asserted.stream == EPOCH_STREAM
             and not asserted.events
-            and self._epoch_version is not None
+            and held is not None
         ):
-            self._superseded = self._fenced_error(self._epoch_version, exc.actual)
+            self._superseded = self._fenced_error(held, exc.actual)
             self._fenced = str(self._superseded)
             return self._superseded
         self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
@@ -706,9 +712,8 @@ class RecoveryLedger:
                 self._versions[result.stream] = result.versions[-1]
                 self._absent.discard(result.stream)
             if result.stream == EPOCH_STREAM and result.versions:
-                self._epoch_version = result.versions[-1]
                 # built once per epoch: every command sends this same (immutable) request
-                self._fence = AppendRequest(EPOCH_STREAM, (), self._epoch_version)
+                self._fence = AppendRequest(EPOCH_STREAM, (), result.versions[-1])
 
     def _fenced_error(self, held: int, found: int | None) -> ControllerFencedError:
         """Name both epochs, and who took the newer one (the epoch stream's last record)."""
