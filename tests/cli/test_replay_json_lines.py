@@ -122,3 +122,24 @@ def test_an_event_tagged_by_another_field_is_left_to_the_long_way() -> None:
     head = views.JsonHead(1, "s", 0, str(uuid.UUID(int=1)), "Kinded", "2026-11-29T12:00:00Z")
     assert views.write_json_line(out, head, _Kind(text="a")) is False
     assert out == b"before\n"
+
+
+def test_json_lines_are_written_a_chunk_at_a_time(
+    log_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory stays flat: the lines go out whenever the chunk is full, not all at the end."""
+    from eventlog.cli import replay as module
+
+    written: list[bytes] = []
+    real = module._write
+
+    def counting(out: Any, binary: Any, chunk: bytearray) -> None:
+        written.append(bytes(chunk))
+        real(out, binary, chunk)
+
+    monkeypatch.setattr(module, "_write", counting)
+    monkeypatch.setattr(module, "_CHUNK_BYTES", 1)
+    notes = lines(*(line("s", "CliNote", {"text": f"n{i}"}) for i in range(3)))
+    assert cli("append", log_file, input=notes).exit_code == 0
+    text = replayed(log_file)
+    assert written == [*(item + b"\n" for item in text.encode().splitlines()), b""]

@@ -29,3 +29,13 @@ def test_formatted_times_are_exact_across_many_seconds_and_fractions() -> None:
         seconds, fraction = start + k + (k // 500) * 86_400, (k * 7_919) % 10**9
         expected = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         assert format_ns(seconds * 10**9 + fraction) == f"{expected}.{fraction:09d}Z"
+
+
+def test_the_seconds_format_ns_keeps_stay_bounded() -> None:
+    """An export of a long log formats a new second every few records: the kept texts do not
+    grow with it."""
+    from eventlog.cli import times
+
+    for seconds in range(1_795_960_227, 1_795_960_227 + 10_000):
+        format_ns(seconds * 10**9)
+    assert 0 < len(times._iso_seconds) <= 4096
