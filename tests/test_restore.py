@@ -544,3 +544,21 @@ def test_restore_refuses_a_checkpoint_whose_chain_anchor_the_log_does_not_hold(
         _restore(h, step=3)
     assert h.log.head() == head
     assert _restore(h, step=1).checkpoint_step == 1
+
+
+def test_an_id_read_absent_then_reserved_and_rolled_back_is_not_offered_again(
+    harness: Harness,
+) -> None:
+    """The ledger keeps a stream it read as absent until its own append lands there: the same
+    ledger (no new process) that read `g3` absent, reserved it and restored past it must not
+    offer `g3` again (the stream exists, its reservation rolled back), or the reserve would
+    fail on NO_STREAM and fence the ledger."""
+    h = harness
+    h.checkpoint(0)
+    assert h.ledger.unused_group_id("g3") == "g3"  # read as absent, and kept so
+    h.reserve("g3", n=2, target_step=1)  # after the checkpoint: the restore rolls it back
+    _restore(h)
+    again = h.ledger.unused_group_id("g3")
+    assert again == "g3-r1"
+    h.reserve(again, n=2, target_step=1, sample_id="g3")
+    assert h.ledger.group(again).prompt_ref.sample_id == "g3"
