@@ -415,7 +415,7 @@ class SqlStore:
                 if expected != EXPECT_ANY and expected != (
                     EXPECT_NO_STREAM if current is None else current
                 ):
-                    _check_expected(stream, expected, current)  # raises, naming the mismatch
+                    raise _mismatch(stream, expected, current)
                 count = len(events)
                 if not count:  # an assertion: checked above, adds nothing
                     add_result(AppendResult(stream, [], [], []))
@@ -492,10 +492,7 @@ class SqlStore:
         if expected != EXPECT_ANY and expected != (
             EXPECT_NO_STREAM if current is None else current
         ):
-            try:
-                _check_expected(stream, expected, current)
-            except EventLogError as exc:
-                return exc
+            return _mismatch(stream, expected, current)
         seq = batch.head + 1
         version = 0 if current is None else current + 1
         taken = batch.taken
@@ -932,15 +929,11 @@ def _chosen_ids(request: PreparedRequest, supplied: set[bytes]) -> list[uuid.UUI
     return ids
 
 
-def _check_expected(stream: str, expected: int, current: int | None) -> None:
-    if expected == EXPECT_ANY:
-        return
-    if expected == EXPECT_NO_STREAM:
-        if current is not None:
-            raise ConcurrencyError(stream, "no stream", current)
-        return
-    if current != expected:
-        raise ConcurrencyError(stream, f"version {expected}", current)
+def _mismatch(stream: str, expected: int, current: int | None) -> ConcurrencyError:
+    """The refusal of a request whose expected version (NO_STREAM or a version) the planner
+    found is not the stream's `current` one (the comparison is inline: it runs per request)."""
+    wanted = "no stream" if expected == EXPECT_NO_STREAM else f"version {expected}"
+    return ConcurrencyError(stream, wanted, current)
 
 
 _BINARY = (bytes, memoryview)
