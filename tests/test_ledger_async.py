@@ -240,3 +240,48 @@ def test_a_fresh_group_id_and_its_reserve_read_the_log_once_and_off_the_loop(
     assert reads == [(group_stream("g1-r1"), False), (group_stream("g1-r2"), False)]
     assert h.ledger.prompt("g1-r1") == prompt
     assert same_as_rebuilt(h)
+
+
+def test_an_absence_read_in_a_thread_is_not_kept_once_an_append_of_ours_landed_there(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh id's absence is read in a thread; a reserve of that id on the loop may land
+    meanwhile. The read's late 'absent' must not be kept over the append: after a restore
+    rolled the reservation back (the stream stays), the id would be offered again and its
+    reserve fail on NO_STREAM."""
+    h = harness
+    h.checkpoint(0)
+    real = h.log.stream_version
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_off_loop(stream: str) -> int | None:
+        found = real(stream)
+        if threading.current_thread() is not threading.main_thread():
+            entered.set()
+            assert release.wait(10)
+        return found
+
+    monkeypatch.setattr(h.log, "stream_version", slow_off_loop)
+
+    async def main() -> str:
+        offered = asyncio.create_task(h.ledger.unused_group_id_async("g9"))
+        assert await asyncio.to_thread(entered.wait, 10)  # read absent, not returned yet
+        async with h.barrier.mutation("test") as cut:
+            await h.ledger.reserve_async(
+                cut,
+                group_id="g9",
+                prompt=make_prompt("s9"),
+                prompt_ref=PromptRef(sample_id="s9", task_name="math"),
+                expected_generations=2,
+                start_weight_version=0,
+                admitted=True,
+                target_step=1,
+                granularity="sibling",
+            )
+        release.set()
+        return await offered
+
+    assert asyncio.run(main()) == "g9-r1"  # the append landed first: g9 is taken
+    monkeypatch.setattr(h.log, "stream_version", real)
+    h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+    assert h.ledger.unused_group_id("g9") == "g9-r1"
