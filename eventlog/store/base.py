@@ -319,9 +319,7 @@ class SqlStore:
         self._known_head = batch.head
         return outcomes
 
-    def _open_batch(
-        self, dbapi: Any, submissions: Sequence[Submission], assume: bool = False
-    ) -> _Batch:
+    def _open_batch(self, dbapi: Any, submissions: Sequence[Submission], assume: bool) -> _Batch:
         """Read what planning needs. Every query is sent before the first result is read
         (pipelined on PostgreSQL), betting that our cached versions are still the log's;
         when the tail shows another writer, the cached ones are read again."""
