@@ -93,3 +93,25 @@ def test_report_refuses_to_write_over_the_log(run: AuditedRun) -> None:
     assert result.exit_code == 2
     assert result.stderr.splitlines()[0].endswith("a report never writes to it")
     assert Path(run.path).read_bytes() == before
+
+
+def test_the_gantt_ends_a_group_only_when_its_leaving_counts() -> None:
+    """A group that left the ledger in records a restore rolled back is still open."""
+    from eventlog.recovery.cli.report import RunPicture, _gantt
+    from eventlog.recovery.vocabulary import GroupDiscarded, GroupFinalized
+
+    pic = RunPicture(groups={"g1": (10, None), "g2": (11, None)})
+    watch = _gantt(pic)
+    finalized = GroupFinalized(
+        group_id="g1",
+        owner="o",
+        prompt_id="p",
+        target_step=1,
+        canonical_row_ids=["r"],
+        min_weight_version=0,
+    )
+    watch[GroupFinalized](finalized, 20, False)
+    assert pic.groups == {"g1": (10, None), "g2": (11, None)}
+    watch[GroupFinalized](finalized, 30, True)
+    assert pic.groups == {"g1": (10, 30), "g2": (11, None)}
+    assert watch[GroupDiscarded] is watch[GroupFinalized]
