@@ -396,3 +396,28 @@ def test_a_hand_edited_seal_payload_fails_to_decode_naming_its_seq(
         pytest.raises(SchemaError, match=rf"seq {seq}: SiblingSealed.*{match}"),
     ):
         RecoveryLedger.open(log, InMemoryDataPlane())
+
+
+def test_a_trial_takes_only_what_a_state_folded_from_a_copy_changed() -> None:
+    """Trial.take (a restore adopts the state its restart events were folded into): a value
+    identical to the live one is not written, a changed or new one is, a key the folded
+    state lacks is deleted; adopting leaves the live state equal to the folded one."""
+    from eventlog.recovery.trial import Trial
+
+    live = fold_all(LedgerState(), [reserved("a"), reserved("b"), reserved("c")])
+    folded = live.copy()
+    del folded.groups["b"]  # as a discard folds it: the group and its admission leave
+    del folded.admissions["b"]
+    fold_all(folded, [dispatched(ref(0, gid="c"), ref(1, gid="c"), gid="c"), reserved("d")])
+    trial = Trial(live)
+    trial.take(folded)
+    assert trial.touched() == {
+        "group:b",
+        "admission:b",
+        "group:c",
+        "group:d",
+        "admission:d",
+    }
+    assert trial.materialize() == folded
+    trial.adopt()
+    assert live == folded
