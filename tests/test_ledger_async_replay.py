@@ -316,3 +316,39 @@ def test_a_seal_after_read_staged_async_reads_nothing_and_the_read_ran_off_the_l
     assert reads == before_seal  # the seal read nothing more
     assert h.ledger.group("g1").siblings[0].current.status == "sealed"
     assert same_as_rebuilt(h)
+
+
+def test_a_failed_read_staged_async_is_left_to_the_seal_which_reads_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read ahead of the group's turn is an optimisation: when it fails, nothing is kept
+    and it raises nothing; the seal reads the attempt stream itself and seals."""
+    h = harness
+    h.reserve("g1", n=2)
+    h.dispatch("g1")
+    rid = h.rollout_id("g1", 0)
+    h.start_generation("g1", 0)
+    receipt = h.stage(rid)
+    read_stream = h.log.read_stream
+    reads: list[str] = []
+
+    def first_fails(stream: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(stream)
+        if len(reads) == 1:
+            raise OSError("the server went away")
+        return read_stream(stream, *args, **kwargs)
+
+    monkeypatch.setattr(h.log, "read_stream", first_fails)
+
+    async def main() -> None:
+        await h.ledger.read_staged_async(receipt)
+        async with h.barrier.mutation("test") as cut:
+            await h.ledger.seal_sibling_async(
+                cut, "g1", 0, rollout_id=rid, receipt=receipt, reward=1.0, mask_sample=False
+            )
+
+    asyncio.run(main())
+
+    assert reads == [attempt_stream(rid)] * 2  # the seal read it again
+    assert h.ledger.group("g1").siblings[0].current.status == "sealed"
+    assert same_as_rebuilt(h)
