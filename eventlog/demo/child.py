@@ -149,7 +149,7 @@ def command(
     )
     settings = LoopSettings(**json.loads(settings_json))
     config = load_config(run_dir / "recovery.yaml")
-    faults = FaultPlan() if no_faults else demo_faults(settings)
+    faults = FaultPlan() if no_faults else demo_faults(settings, in_process=worker_kind != "ray")
     started = time.monotonic()
     runtime = None
     log = EventLog.open(target)

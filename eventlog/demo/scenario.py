@@ -82,7 +82,7 @@ def _index(sample_id: str) -> int:
     return int(number)
 
 
-def demo_faults(settings: LoopSettings) -> FaultPlan:
+def demo_faults(settings: LoopSettings, *, in_process: bool = True) -> FaultPlan:
     """Faults of step 1, by rollout id (attempt 0 of a sibling is its logical id).
 
     - an echo (sibling) attempt fails: that sibling alone reruns;
@@ -91,6 +91,12 @@ def demo_faults(settings: LoopSettings) -> FaultPlan:
       rejected, and the staged row is left unreferenced (a restore clears it, with evidence);
     - a worker dies mid-attempt: every attempt it was running fails, a fresh worker replaces it.
     Faults name step-1 groups of the first controller only: rerun attempts have new ids.
+
+    With in-process workers (they hear of the controller's seals), two stragglers make
+    step 1's checkpoint catch step 2's echo group half-sealed, whatever the machine's speed:
+    step 1's sibling 0 waits until step 2's sibling 0 is sealed (so step 1 cannot train
+    before it), and step 2's last sibling waits for step 1's weights (so it cannot be sealed
+    before that checkpoint). A waiting straggler holds its slot: two slots at least.
     """
     last = settings.siblings - 1
     fail = {f"step1-g0_g{last}": 4}
@@ -99,4 +105,8 @@ def demo_faults(settings: LoopSettings) -> FaultPlan:
         fail["step1-g1_g0"] = settings.max_tokens + 4
     if settings.siblings > 1:
         kill[f"step1-g{min(2, settings.groups_per_step - 1)}_g1"] = 6
-    return FaultPlan(fail_after_tokens=fail, kill_after_tokens=kill)
+    plan = FaultPlan(fail_after_tokens=fail, kill_after_tokens=kill)
+    if in_process and settings.siblings > 1 and settings.slots >= 2:
+        plan.stall_until_sealed["step1-g0_g0"] = "step2-g0_g0"
+        plan.stall_until_weights[f"step2-g0_g{last}"] = 1
+    return plan

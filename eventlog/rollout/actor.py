@@ -152,6 +152,14 @@ class ActorSpec:
     partition: str = DEFAULT_STAGING_PARTITION
     faults: FaultPlan = field(default_factory=FaultPlan)
 
+    def __post_init__(self) -> None:
+        # The controller reports seals to its own plan; an actor's copy would never hear them.
+        if self.faults.stall_until_sealed:
+            raise ConfigError(
+                "faults.stall_until_sealed: stalls on a seal need in-process workers, found "
+                f"rollout actors ({sorted(self.faults.stall_until_sealed)})"
+            )
+
 
 class RolloutActor:
     """The Ray actor body: one engine, one live worker at a time, calls served concurrently."""
@@ -229,10 +237,7 @@ class RolloutActor:
         """A killed worker writes nothing more; the next call runs on a fresh one."""
         if self.worker is not worker:
             return None  # another call of the same worker already replaced it
-        # Same failures, no kill: the attempt that named the kill is gone with the worker.
-        self.worker = self._new_worker(
-            FaultPlan(fail_after_tokens=dict(self.spec.faults.fail_after_tokens))
-        )
+        self.worker = self._new_worker(self.spec.faults.without_kills())
         return worker.worker_id, self.worker.worker_id
 
     async def hold_staging(self) -> None:

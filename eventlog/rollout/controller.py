@@ -143,6 +143,8 @@ class Controller:
         self.restore_step = restore_step
         """Which checkpoint a restart goes back to: its step, or None for the newest."""
         self.staging = config.token_capture.staging_partition
+        self.faults = faults or FaultPlan()
+        """Injected faults; the controller tells it of each seal (a stall may wait for one)."""
         self.barrier = MutationBarrier("controller")
         self.pool: RolloutPool
         if pool is not None:  # e.g. rollout actors (eventlog.rollout.actor.ActorPool)
@@ -157,7 +159,7 @@ class Controller:
                 workers=settings.workers,
                 slots=settings.slots,
                 partition=self.staging,
-                faults=faults,
+                faults=self.faults,
             )
         self.report = RunReport()
         self.acknowledge = acknowledge
@@ -419,6 +421,7 @@ class Controller:
                         reward=result.reward,
                         mask_sample=result.mask_sample,
                     )
+                    self.faults.seal_landed(result.rollout_id)
                     return
                 ledger.check_result(group.group_id, result.generation_index, result.rollout_id)
             except StaleAttemptError as stale:
@@ -446,6 +449,8 @@ class Controller:
                 )
             )
         await self.ledger.seal_group_async(cut, group.group_id, results)
+        for result in results:
+            self.faults.seal_landed(result.rollout_id)
         group.buffered.clear()
 
     async def _on_failure(self, group: _Group, ref: AttemptRef, error: str) -> None:

@@ -169,11 +169,7 @@ class WorkerPool:
     def _replace_dead(self) -> None:
         for position, worker in enumerate(self.workers):
             if worker.killed:
-                # The replacement gets the same failures but no kill: a kill plan names the
-                # attempt that brings a worker down, and that attempt is gone with it.
-                fresh = self._new_worker(
-                    FaultPlan(fail_after_tokens=dict(self._faults.fail_after_tokens))
-                )
+                fresh = self._new_worker(self._faults.without_kills())
                 self.workers[position] = fresh
                 self.replaced.append((worker.worker_id, fresh.worker_id))
                 logger.warning("worker %s died; started %s", worker.worker_id, fresh.worker_id)

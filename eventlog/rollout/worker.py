@@ -70,6 +70,8 @@ logger = logging.getLogger(__name__)
 
 
 DEFAULT_PROGRESS_EVERY_S = 5.0
+STALL_POLL_S = 0.01
+"""How often a stalled attempt (FaultPlan.stall_until_*) looks whether it may go."""
 
 TokenObserver = Callable[[str, int, SampleDelta], None]
 """Called with (rollout id, call index, delta) for every delta, before fault checks."""
@@ -381,6 +383,7 @@ class RolloutWorker:
         try:
             with self._busy.section():
                 await self._start(runs, agent, call)
+                await self._stall(runs)
                 return await self._generate(runs, agent, call, prompt_ids)
         finally:
             self.stats.busy_s = self._busy.total
@@ -414,6 +417,13 @@ class RolloutWorker:
             run.version = result.versions[-1]
             run.progress_at = self.clock()
         self.stats.attempts += len(runs)
+
+    async def _stall(self, runs: list[_Run]) -> None:
+        """Wait while an injected stall holds any of these attempts (a straggler)."""
+        while any(self.faults.stalled(run.rollout_id, self.weight_version) for run in runs):
+            if self._killed is not None:
+                raise self._killed
+            await asyncio.sleep(STALL_POLL_S)
 
     async def _generate(
         self, runs: list[_Run], agent: Agent, call: Sampling, prompt_ids: list[int]
