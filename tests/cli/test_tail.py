@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,26 +24,45 @@ def test_tail_prints_the_newest_records(audit_log: str) -> None:
     assert plain.split()[0] == "7" and plain.rstrip().endswith("text=a1 again n=0")
 
 
+@contextlib.contextmanager
+def _interruptible_children() -> Iterator[None]:
+    """Children started inside take SIGINT as a terminal's Ctrl-C would reach them.
+
+    A process started with SIGINT ignored passes that on through exec, and Python then never
+    raises KeyboardInterrupt: a test session run as a background job of a non-interactive
+    shell (`make test &`) ignores SIGINT, and its `tail -f` child would follow forever.
+    """
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the child's is SIG_DFL
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture
 def follower(log_file: str) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
     append_notes(log_file, 1)
-    proc = subprocess.Popen(
-        [
-            str(EVENTLOG),
-            "--events-module",
-            "tests.cli_vocabulary",
-            "tail",
-            log_file,
-            "-f",
-            "--json",
-            "-n",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    with _interruptible_children():
+        proc = subprocess.Popen(
+            [
+                str(EVENTLOG),
+                "--events-module",
+                "tests.cli_vocabulary",
+                "tail",
+                log_file,
+                "-f",
+                "--json",
+                "-n",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     try:
         yield proc, _reader(proc.stdout)
     finally:
