@@ -230,6 +230,40 @@ def test_a_one_event_submission_is_planned_by_the_short_path(
     assert log.head() == 6 and log.verify().ok
 
 
+def test_an_assertion_in_front_of_one_event_is_planned_by_the_short_path_too(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fenced ledger command's shape (an eventless assertion, then one event with a minted
+    id) takes `_plan_one` after the assertion is checked; a refused assertion or a refused
+    event appends nothing and names its own stream; an assertion in front of a longer
+    request, a chosen id or a second assertion takes the general path."""
+    planned: list[str] = []
+    plan_one = SqlStore._plan_one
+
+    def counting(self: SqlStore, batch: Any, stream: str, expected: int, event: Any) -> Any:
+        planned.append(stream)
+        return plan_one(self, batch, stream, expected, event)
+
+    log.append("fence", [LogNote(text="epoch")], NO_STREAM)  # the fence stream at version 0
+    monkeypatch.setattr(SqlStore, "_plan_one", counting)
+    fence = AppendRequest("fence", [], 0)
+    held, landed = log.append_batch([fence, AppendRequest("a", [LogNote(text="x")], NO_STREAM)])
+    assert (held.stream, held.seqs, held.versions) == ("fence", [], [])
+    assert (landed.stream, landed.seqs, landed.versions) == ("a", [2], [0])
+    with pytest.raises(ConcurrencyError) as superseded:
+        log.append_batch([AppendRequest("fence", [], 1), AppendRequest("a", [LogNote(text="y")])])
+    assert superseded.value.stream == "fence"
+    with pytest.raises(ConcurrencyError) as stale:
+        log.append_batch([fence, AppendRequest("a", [LogNote(text="y")], NO_STREAM)])
+    assert stale.value.stream == "a"
+    assert planned == ["a", "a"] and log.head() == 2
+    log.append_batch([fence, AppendRequest("b", [LogNote(text="x"), LogNote(text="y")])])
+    log.append_batch([fence, AppendRequest("c", [Proposed(LogNote(text="x"), uuid.uuid4())])])
+    log.append_batch([fence, AppendRequest("fence", [], 0)])
+    assert planned == ["a", "a"]
+    assert log.head() == 5 and log.verify().ok
+
+
 def test_an_append_runs_no_garbage_collection_and_leaves_the_collector_as_it_was(
     log: EventLog, log_target: str
 ) -> None:
