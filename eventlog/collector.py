@@ -10,6 +10,12 @@ The collector's state is the process's while the pauses come from several thread
 the writer thread, a restore), so pauses are counted under a lock: the first one switches
 the collector off if it was on, the last one to end switches it on again, and a collector a
 caller had switched off before any pause began stays off.
+
+Pauses that keep overlapping (threads appending back to back, each waiting for another's
+commit) would never all end, and the whole process, training code included, would run with
+the collector off for as long as they last. So a stretch of overlapping pauses has a bound:
+once it has kept the collector off for `MAX_OFF_S`, the next pause or resume switches it on
+again, and it stays on until that stretch has ended (the next stretch pauses afresh).
 """
 
 from __future__ import annotations
@@ -17,21 +23,29 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 from collections.abc import Iterator
+
+MAX_OFF_S = 1.0
+"""The longest one stretch of overlapping pauses keeps the collector off."""
 
 _lock = threading.Lock()
 _pauses = 0
 _was_enabled = False
+_off_since = 0.0
 
 
 def pause() -> None:
     """Begin a pause; every `pause` must be ended by one `resume` (in a `finally`)."""
-    global _pauses, _was_enabled
+    global _pauses, _was_enabled, _off_since
     with _lock:
         if _pauses == 0:
             _was_enabled = gc.isenabled()
             if _was_enabled:
                 gc.disable()
+                _off_since = time.monotonic()
+        else:
+            _bounded()
         _pauses += 1
 
 
@@ -42,6 +56,14 @@ def resume() -> None:
         _pauses -= 1
         if _pauses == 0 and _was_enabled:
             gc.enable()
+        elif _pauses:
+            _bounded()
+
+
+def _bounded() -> None:
+    """Switch the collector on again once this stretch has kept it off for MAX_OFF_S."""
+    if _was_enabled and time.monotonic() - _off_since >= MAX_OFF_S:
+        gc.enable()
 
 
 @contextlib.contextmanager

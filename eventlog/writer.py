@@ -110,13 +110,13 @@ class GroupCommitWriter:
             first = self._queue.get()
             if first is None:
                 return
-            collector.pause()  # (a caller's leader commit is paused by its caller)
-            try:
-                with self._leader:
+            with self._leader:  # paused once leading, not while a caller's commit lasts
+                collector.pause()  # (a caller's leader commit is paused by its caller)
+                try:
                     items, stop = self._drain([first])
                     self._commit(items)
-            finally:
-                collector.resume()
+                finally:
+                    collector.resume()
             if stop:
                 return
 

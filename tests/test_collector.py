@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from eventlog import collector
+from eventlog import EventLog, collector
+from tests.vocabulary import LogNote
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +58,56 @@ def test_a_pause_ends_when_its_block_raises() -> None:
         assert not gc.isenabled()
         raise RuntimeError("a rule broken mid-fold")
     assert gc.isenabled()
+
+
+def test_a_stretch_of_overlapping_pauses_switches_it_on_again_after_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pauses that keep overlapping never all end: past MAX_OFF_S the next pause or resume
+    switches the collector on, and it stays on until the stretch ends; the next stretch
+    pauses afresh. Within the bound, overlapping pauses keep it off."""
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    collector.pause()
+    collector.pause()
+    collector.resume()
+    assert not gc.isenabled()  # overlapping, within the bound
+    now[0] += collector.MAX_OFF_S
+    collector.pause()  # a third caller arrives after the bound: on
+    assert gc.isenabled()
+    collector.resume()
+    collector.pause()
+    assert gc.isenabled()  # still the same stretch: it stays on
+    collector.resume()
+    collector.resume()
+    assert gc.isenabled()
+    with collector.paused():  # a new stretch
+        assert not gc.isenabled()
+
+
+def test_threads_appending_back_to_back_leave_the_collector_on_now_and_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four threads appending without a break (each often waiting for another's commit):
+    the collector comes on again within the run (before the bound it stayed off from the
+    first append to the last)."""
+    monkeypatch.setattr(collector, "MAX_OFF_S", 0.05)
+    seen: list[bool] = []
+    stop = threading.Event()
+    with EventLog.open(tmp_path / "run.db") as log:
+
+        def append(i: int) -> None:
+            while not stop.is_set():
+                log.append(f"s{i}", [LogNote(text="x")])
+
+        threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            seen.append(gc.isenabled())
+            time.sleep(0.001)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert any(seen) and not all(seen)
