@@ -143,6 +143,30 @@ def test_a_controller_opened_in_another_process_fences_the_first(
     assert sorted(folded.groups) == ["g1", "gB"]
 
 
+def test_a_restore_reads_again_the_absences_it_kept_before_a_newer_controller_appended(
+    harness: Harness,
+) -> None:
+    """A ledger that read a group id absent, was superseded (the newer controller reserved
+    that id) and restored: the id is taken now. Kept, the absence offered it again, and its
+    reserve failed on NO_STREAM and fenced the ledger one command after its restore."""
+    h = harness
+    h.reserve("g1")
+    h.checkpoint(1)
+    assert h.ledger.unused_group_id("g5") == "g5"  # read absent, and kept
+    newer = Harness(
+        path=h.path,
+        log=h.log,
+        data_plane=h.data_plane,
+        ledger=RecoveryLedger.open(h.log, h.data_plane),
+        dataset=h.dataset,
+    )
+    newer.reserve("g5")
+    h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
+    assert h.ledger.unused_group_id("g5") == "g5-r1"
+    h.reserve("g5-r1")
+    assert "g5-r1" in RecoveryLedger.open(h.log, h.data_plane, read_only=True).state.groups
+
+
 def test_a_controller_restored_in_another_process_fences_the_first(harness: Harness) -> None:
     h = harness
     h.reserve("g1", n=2)

@@ -285,3 +285,46 @@ def test_an_absence_read_in_a_thread_is_not_kept_once_an_append_of_ours_landed_t
     monkeypatch.setattr(h.log, "stream_version", real)
     h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
     assert h.ledger.unused_group_id("g9") == "g9-r1"
+
+
+def test_an_absence_read_in_a_thread_across_a_restore_is_not_kept(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh id's absence is read in a thread; meanwhile a newer controller reserves that id
+    and this ledger restores (fencing the newer one). The late 'absent' is of the view before
+    the restore: kept, the id would be offered again and its reserve fence this ledger."""
+    h = harness
+    h.reserve("g1")
+    h.checkpoint(1)
+    newer = Harness(
+        path=h.path,
+        log=h.log,
+        data_plane=h.data_plane,
+        ledger=RecoveryLedger.open(h.log, h.data_plane),
+        dataset=h.dataset,
+    )
+    real = h.log.stream_version
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_off_loop(stream: str) -> int | None:
+        found = real(stream)
+        first = not entered.is_set()  # the offer's read; the newer controller's goes through
+        if first and threading.current_thread() is not threading.main_thread():
+            entered.set()
+            assert release.wait(10)
+        return found
+
+    monkeypatch.setattr(h.log, "stream_version", slow_off_loop)
+
+    async def main() -> str:
+        offered = asyncio.create_task(h.ledger.unused_group_id_async("g7"))
+        assert await asyncio.to_thread(entered.wait, 10)  # read absent, not returned yet
+        await asyncio.to_thread(newer.reserve, "g7")
+        async with h.barrier.mutation("recovery_restore") as cut:
+            h.ledger.restore(cut, h.dataset)
+        release.set()
+        return await offered
+
+    assert asyncio.run(main()) == "g7-r1"
+    h.reserve("g7-r1")
+    assert same_as_rebuilt(h)

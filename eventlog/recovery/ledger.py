@@ -287,6 +287,9 @@ class RecoveryLedger:
         """Streams read as absent and not appended to since: not read again. Only this
         ledger appends to its streams; another writer's append makes ours fail on NO_STREAM
         and fences the ledger, as a stale entry of `_versions` does."""
+        self._era = 0
+        """Bumped whenever `_versions` and `_absent` start over from the log (open, restore):
+        a read begun before that is of the old view and is not kept."""
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._staged: dict[str, dict[str, int]] = {}
@@ -348,7 +351,7 @@ class RecoveryLedger:
         head = self.log.head()
         _, self._skipped = controller_history(self.log, head)
         self._state, self._versions = fold_until(self.log, head, self._skipped)
-        self._absent = set()
+        self._absent, self._era = set(), self._era + 1
         return head
 
     @property
@@ -440,7 +443,7 @@ class RecoveryLedger:
     def _expected(self, stream: str) -> ExpectedVersion:
         version = self._versions.get(stream)
         if version is None and stream not in self._absent:
-            self._learn(stream, self.log.stream_version(stream))
+            self._learn(stream, self.log.stream_version(stream), self._era)
             version = self._versions.get(stream)
         return NO_STREAM if version is None else version
 
@@ -448,12 +451,17 @@ class RecoveryLedger:
         """`_expected` with its read (a stream's first) in a thread: a log read on the loop
         (a server round trip on PostgreSQL) stalled every task on it."""
         if stream not in self._versions and stream not in self._absent:
-            self._learn(stream, await asyncio.to_thread(self.log.stream_version, stream))
+            era = self._era
+            version = await asyncio.to_thread(self.log.stream_version, stream)
+            self._learn(stream, version, era)
         return self._expected(stream)
 
-    def _learn(self, stream: str, version: int | None) -> None:
-        """What a read found, unless an append of ours landed on the stream meanwhile."""
+    def _learn(self, stream: str, version: int | None, era: int) -> None:
+        """What a read found, unless an append of ours landed on the stream meanwhile, or
+        the ledger started over from the log (a restore) since the read began (`era`)."""
         if stream in self._versions or stream in self._absent:
+            return
+        if era != self._era:
             return
         if version is None:
             self._absent.add(stream)
@@ -1460,6 +1468,9 @@ class RecoveryLedger:
             )
             plan, skipped, appends = finish_restore(prepared, started.seqs[0], started.versions[-1])
             self._versions = {**prepared.versions, CONTROLLER_STREAM: started.versions[-1]}
+            # Absences read before the restore may be of streams appended since (by a
+            # controller this restore fences): read again when asked.
+            self._absent, self._era = set(), self._era + 1
             self._skipped = skipped
             self._prompts = dict(prepared.prompts)
             # The restart events were folded (and every rule checked) into `restored` from
