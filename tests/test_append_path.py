@@ -206,12 +206,9 @@ def test_single_event_requests_are_linked_without_building_a_request_row_list(
     assert log.verify().ok and log.head() == 23
 
 
-def test_a_one_event_submission_is_planned_by_the_short_path(
-    log: EventLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An append of one event with a minted id (the commonest submission) is planned without
-    the general path's undo state (`_plan_one`), a refused one too; a batch of several
-    requests, a chosen id or a longer request takes the general path."""
+@pytest.fixture
+def short_plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The stream of every submission `_plan_one` plans, from now on."""
     planned: list[str] = []
     plan_one = SqlStore._plan_one
 
@@ -220,6 +217,16 @@ def test_a_one_event_submission_is_planned_by_the_short_path(
         return plan_one(self, batch, stream, expected, event)
 
     monkeypatch.setattr(SqlStore, "_plan_one", counting)
+    return planned
+
+
+def test_a_one_event_submission_is_planned_by_the_short_path(
+    log: EventLog, short_plans: list[str]
+) -> None:
+    """An append of one event with a minted id (the commonest submission) is planned without
+    the general path's undo state (`_plan_one`), a refused one too; a batch of several
+    requests, a chosen id or a longer request takes the general path."""
+    planned = short_plans
     assert log.append("a", [LogNote(text="x")], NO_STREAM).versions == [0]
     with pytest.raises(ConcurrencyError):
         log.append("a", [LogNote(text="y")], NO_STREAM)
@@ -231,21 +238,15 @@ def test_a_one_event_submission_is_planned_by_the_short_path(
 
 
 def test_an_assertion_in_front_of_one_event_is_planned_by_the_short_path_too(
-    log: EventLog, monkeypatch: pytest.MonkeyPatch
+    log: EventLog, short_plans: list[str]
 ) -> None:
     """A fenced ledger command's shape (an eventless assertion, then one event with a minted
     id) takes `_plan_one` after the assertion is checked; a refused assertion or a refused
     event appends nothing and names its own stream; an assertion in front of a longer
     request, a chosen id or a second assertion takes the general path."""
-    planned: list[str] = []
-    plan_one = SqlStore._plan_one
-
-    def counting(self: SqlStore, batch: Any, stream: str, expected: int, event: Any) -> Any:
-        planned.append(stream)
-        return plan_one(self, batch, stream, expected, event)
-
     log.append("fence", [LogNote(text="epoch")], NO_STREAM)  # the fence stream at version 0
-    monkeypatch.setattr(SqlStore, "_plan_one", counting)
+    planned = short_plans
+    planned.clear()
     fence = AppendRequest("fence", [], 0)
     held, landed = log.append_batch([fence, AppendRequest("a", [LogNote(text="x")], NO_STREAM)])
     assert (held.stream, held.seqs, held.versions) == ("fence", [], [])

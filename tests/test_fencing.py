@@ -153,13 +153,7 @@ def test_a_restore_reads_again_the_absences_it_kept_before_a_newer_controller_ap
     h.reserve("g1")
     h.checkpoint(1)
     assert h.ledger.unused_group_id("g5") == "g5"  # read absent, and kept
-    newer = Harness(
-        path=h.path,
-        log=h.log,
-        data_plane=h.data_plane,
-        ledger=RecoveryLedger.open(h.log, h.data_plane),
-        dataset=h.dataset,
-    )
+    newer = h.newer_controller()
     newer.reserve("g5")
     h.run(lambda cut: h.ledger.restore(cut, h.dataset), kind="recovery_restore")
     assert h.ledger.unused_group_id("g5") == "g5-r1"

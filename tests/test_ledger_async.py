@@ -242,6 +242,25 @@ def test_a_fresh_group_id_and_its_reserve_read_the_log_once_and_off_the_loop(
     assert same_as_rebuilt(h)
 
 
+def _held_first_read(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """The log's first stream-version read off the loop (a fresh id's, in a thread) holds its
+    result until `release` is set; `entered` says it has read. Later reads go through."""
+    real = h.log.stream_version
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_off_loop(stream: str) -> int | None:
+        found = real(stream)
+        if not entered.is_set() and threading.current_thread() is not threading.main_thread():
+            entered.set()
+            assert release.wait(10)
+        return found
+
+    monkeypatch.setattr(h.log, "stream_version", slow_off_loop)
+    return entered, release
+
+
 def test_an_absence_read_in_a_thread_is_not_kept_once_an_append_of_ours_landed_there(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,16 +271,7 @@ def test_an_absence_read_in_a_thread_is_not_kept_once_an_append_of_ours_landed_t
     h = harness
     h.checkpoint(0)
     real = h.log.stream_version
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_off_loop(stream: str) -> int | None:
-        found = real(stream)
-        if threading.current_thread() is not threading.main_thread():
-            entered.set()
-            assert release.wait(10)
-        return found
-
-    monkeypatch.setattr(h.log, "stream_version", slow_off_loop)
+    entered, release = _held_first_read(h, monkeypatch)
 
     async def main() -> str:
         offered = asyncio.create_task(h.ledger.unused_group_id_async("g9"))
@@ -296,25 +306,8 @@ def test_an_absence_read_in_a_thread_across_a_restore_is_not_kept(
     h = harness
     h.reserve("g1")
     h.checkpoint(1)
-    newer = Harness(
-        path=h.path,
-        log=h.log,
-        data_plane=h.data_plane,
-        ledger=RecoveryLedger.open(h.log, h.data_plane),
-        dataset=h.dataset,
-    )
-    real = h.log.stream_version
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_off_loop(stream: str) -> int | None:
-        found = real(stream)
-        first = not entered.is_set()  # the offer's read; the newer controller's goes through
-        if first and threading.current_thread() is not threading.main_thread():
-            entered.set()
-            assert release.wait(10)
-        return found
-
-    monkeypatch.setattr(h.log, "stream_version", slow_off_loop)
+    newer = h.newer_controller()
+    entered, release = _held_first_read(h, monkeypatch)
 
     async def main() -> str:
         offered = asyncio.create_task(h.ledger.unused_group_id_async("g7"))
