@@ -265,6 +265,26 @@ def test_an_assertion_in_front_of_one_event_is_planned_by_the_short_path_too(
     assert log.head() == 5 and log.verify().ok
 
 
+def test_minted_ids_follow_seq_order_when_a_request_mixes_chosen_and_minted_ids(
+    log: EventLog,
+) -> None:
+    """The ids a transaction mints are taken in seq order, also by the events without a
+    chosen id of a request that has some (they were minted last, after the ids of later
+    requests: ids no longer grew with seq, and the id index not at its end)."""
+    chosen = uuid.uuid4()
+    log.append_batch(
+        [
+            AppendRequest("a", [Proposed(LogNote(text="x"), chosen), LogNote(text="y")]),
+            AppendRequest("b", [LogNote(text="z")]),
+        ]
+    )
+    minted = [r.event_id for r in log.read() if r.event_id != chosen]
+    assert len(minted) == 2 and minted == sorted(minted, key=lambda i: i.bytes)
+    # A retry of the same request lands nothing again and gives back the same ids.
+    again = log.append("a", [Proposed(LogNote(text="x"), chosen)], 0)
+    assert again.seqs == [1] and log.head() == 3
+
+
 def test_an_append_runs_no_garbage_collection_and_leaves_the_collector_as_it_was(
     log: EventLog, log_target: str
 ) -> None:

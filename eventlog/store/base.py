@@ -32,7 +32,7 @@ from eventlog.errors import (
     StorageIntegrityError,
     StorageUnavailableError,
 )
-from eventlog.ids import mint_event_ids, new_event_ids, uuid_from_bytes
+from eventlog.ids import mint_event_ids, uuid_from_bytes
 from eventlog.records import AppendResult, Record
 from eventlog.store.errors import translate, translating
 from eventlog.store.tables import events, log_meta, snapshots
@@ -293,7 +293,7 @@ class SqlStore:
                 # submission (a group commit of single-event appends paid both per event).
                 batch.recorded_at = time.time_ns()
                 batch.minted, batch.minted_bytes = mint_event_ids(
-                    sum([len(r.events) for s in submissions for r in s if not r.chosen])
+                    sum([_unchosen(r) for s in submissions for r in s])
                 )
                 plan = self._plan
                 outcomes = [plan(batch, submission) for submission in submissions]
@@ -453,7 +453,7 @@ class SqlStore:
                     versions[stream] = first_version
                     continue
                 if chosen:
-                    ids = _chosen_ids(request, supplied)
+                    ids, taken = _chosen_ids(request, supplied, minted, taken)
                     id_bytes = [event_id.bytes for event_id in ids]
                 else:
                     ids = minted[taken : taken + count]
@@ -922,12 +922,24 @@ def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
         yield list(values[start : start + _ID_CHUNK])
 
 
-def _chosen_ids(request: PreparedRequest, supplied: set[bytes]) -> list[uuid.UUID]:
-    """The request's ids: the caller's where chosen (each once per append), minted elsewhere."""
+def _unchosen(request: PreparedRequest) -> int:
+    """How many of the request's events take a minted id."""
+    if not request.chosen:
+        return len(request.events)
+    return sum([event.chosen is None for event in request.events])
+
+
+def _chosen_ids(
+    request: PreparedRequest, supplied: set[bytes], minted: list[uuid.UUID], taken: int
+) -> tuple[list[uuid.UUID], int]:
+    """The request's ids: the caller's where chosen (each once per append), else the next of
+    the transaction's minted ones (so ids follow seq order whatever the requests mix); with
+    how many minted ids are taken now."""
     ids: list[uuid.UUID] = []
     for event in request.events:
         if event.chosen is None:
-            ids.extend(new_event_ids(1))
+            ids.append(minted[taken])
+            taken += 1
             continue
         # `_retried` already matched ids placed before; only a repeat within this very
         # submission is left to catch.
@@ -938,7 +950,7 @@ def _chosen_ids(request: PreparedRequest, supplied: set[bytes]) -> list[uuid.UUI
             )
         supplied.add(key)
         ids.append(event.chosen)
-    return ids
+    return ids, taken
 
 
 def _mismatch(stream: str, expected: int, current: int | None) -> ConcurrencyError:
