@@ -113,3 +113,26 @@ def test_a_thread_pool_checkpoint_cancelled_while_a_put_is_in_flight_releases_th
     stage.start()
     stage.join(timeout=2)
     assert not stage.is_alive()  # a put goes through: nothing holds the gate
+
+
+def test_a_put_waiting_while_a_release_overtook_its_hold_goes_through() -> None:
+    """A checkpoint cancelled right after sending the holds releases an actor before the
+    actor's hold thread took the gate (its count at -1 for a moment). A put that began in
+    that moment must not wait: the hold that follows brings the count back to 0 and wakes
+    nobody, so a waiting put slept until another put happened to end."""
+    gate = StagingGate()
+    gate.release()  # the release arrives first
+    put = threading.Thread(target=_stage, args=(gate,), daemon=True)
+    put.start()
+    put.join(timeout=2)
+    gate.hold()  # the hold's thread takes it now: nothing is held any more
+    put.join(timeout=2)
+    assert not put.is_alive()
+    held_later = threading.Thread(target=_stage, args=(gate,), daemon=True)
+    gate.hold()  # and a real hold still holds
+    held_later.start()
+    held_later.join(timeout=0.3)
+    assert held_later.is_alive()
+    gate.release()
+    held_later.join(timeout=2)
+    assert not held_later.is_alive()

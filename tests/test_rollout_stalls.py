@@ -16,7 +16,8 @@ import pytest
 
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
-from eventlog.demo.scenario import demo_faults
+from eventlog.demo.scenario import DemoDataset, demo_config, demo_faults
+from eventlog.recovery.config import resolve_granularity
 from eventlog.recovery.errors import ConfigError
 from eventlog.recovery.vocabulary import attempt_stream
 from eventlog.rollout.actor import ActorSpec
@@ -106,10 +107,13 @@ def test_a_replacement_workers_plan_drops_kills_and_shares_stalls_and_seals() ->
     assert not fresh.stalled("a_g2", 0)
 
 
-def test_rollout_actors_refuse_a_stall_on_a_seal_they_would_never_hear() -> None:
-    with pytest.raises(ConfigError, match=r"stall_until_sealed.*in-process.*a_g2"):
+def test_rollout_actors_refuse_stalls_they_would_never_see_end() -> None:
+    """An actor hears neither the controller's seals nor new weights while an attempt waits."""
+    with pytest.raises(ConfigError, match=r"stalls need in-process.*a_g2"):
         ActorSpec(engine=ScriptedEngine, faults=FaultPlan(stall_until_sealed={"a_g2": "b_g0"}))
-    ActorSpec(engine=ScriptedEngine, faults=FaultPlan(stall_until_weights={"a_g3": 1}))
+    with pytest.raises(ConfigError, match=r"stalls need in-process.*a_g3"):
+        ActorSpec(engine=ScriptedEngine, faults=FaultPlan(stall_until_weights={"a_g3": 1}))
+    ActorSpec(engine=ScriptedEngine, faults=FaultPlan(fail_after_tokens={"a_g1": 2}))
 
 
 def test_the_demo_stalls_only_in_process_workers_and_never_with_one_slot() -> None:
@@ -120,3 +124,24 @@ def test_the_demo_stalls_only_in_process_workers_and_never_with_one_slot() -> No
     assert not demo_faults(settings, in_process=False).stall_until_sealed
     # One slot held by a straggler would leave none for the sibling that releases it.
     assert not demo_faults(LoopSettings(slots=1)).stall_until_sealed
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 5])
+def test_the_demo_stalls_on_a_sibling_group_of_step_2_or_not_at_all(groups: int) -> None:
+    """A prompt_group group seals its siblings only all at once: stalling step 1 on one of
+    its siblings while its last one waits for step 1's weights would never end (an odd
+    --groups put an arithmetic group first in step 2). The stalls name step 2's first echo
+    group, which the demo's configuration resolves to `sibling`; with none, there are none."""
+    settings = LoopSettings(groups_per_step=groups, siblings=3, slots=4)
+    plan = demo_faults(settings)
+    config, dataset = demo_config(), DemoDataset()
+    step2 = dataset.sample_ids(2, groups)
+    echo = [j for j, s in enumerate(step2) if dataset.get(s)["task_name"] == "echo"]
+    if not echo:
+        assert not plan.stall_until_sealed and not plan.stall_until_weights
+        return
+    (released_by,) = plan.stall_until_sealed.values()
+    assert released_by == f"step2-g{echo[0]}_g0"
+    (weights_wait,) = plan.stall_until_weights
+    assert weights_wait == f"step2-g{echo[0]}_g2"
+    assert resolve_granularity(config, dataset.get(step2[echo[0]])) == "sibling"

@@ -93,10 +93,12 @@ def demo_faults(settings: LoopSettings, *, in_process: bool = True) -> FaultPlan
     Faults name step-1 groups of the first controller only: rerun attempts have new ids.
 
     With in-process workers (they hear of the controller's seals), two stragglers make
-    step 1's checkpoint catch step 2's echo group half-sealed, whatever the machine's speed:
-    step 1's sibling 0 waits until step 2's sibling 0 is sealed (so step 1 cannot train
-    before it), and step 2's last sibling waits for step 1's weights (so it cannot be sealed
-    before that checkpoint). A waiting straggler holds its slot: two slots at least.
+    step 1's checkpoint catch step 2's first echo group half-sealed, whatever the machine's
+    speed: step 1's sibling 0 waits until that group's sibling 0 is sealed (so step 1 cannot
+    train before it), and its last sibling waits for step 1's weights (so it cannot be sealed
+    before that checkpoint). An echo group, since a `prompt_group` group seals its siblings
+    only all at once (waiting on one would never end); none in step 2, no stragglers. A
+    waiting straggler holds its slot: two slots at least.
     """
     last = settings.siblings - 1
     fail = {f"step1-g0_g{last}": 4}
@@ -106,7 +108,12 @@ def demo_faults(settings: LoopSettings, *, in_process: bool = True) -> FaultPlan
     if settings.siblings > 1:
         kill[f"step1-g{min(2, settings.groups_per_step - 1)}_g1"] = 6
     plan = FaultPlan(fail_after_tokens=fail, kill_after_tokens=kill)
-    if in_process and settings.siblings > 1 and settings.slots >= 2:
-        plan.stall_until_sealed["step1-g0_g0"] = "step2-g0_g0"
-        plan.stall_until_weights[f"step2-g0_g{last}"] = 1
+    echo = [
+        j
+        for j, sample in enumerate(DemoDataset().sample_ids(2, settings.groups_per_step))
+        if PROMPTS[_index(sample)][0] == "echo"
+    ]
+    if in_process and echo and settings.siblings > 1 and settings.slots >= 2:
+        plan.stall_until_sealed["step1-g0_g0"] = f"step2-g{echo[0]}_g0"
+        plan.stall_until_weights[f"step2-g{echo[0]}_g{last}"] = 1
     return plan

@@ -153,11 +153,12 @@ class ActorSpec:
     faults: FaultPlan = field(default_factory=FaultPlan)
 
     def __post_init__(self) -> None:
-        # The controller reports seals to its own plan; an actor's copy would never hear them.
-        if self.faults.stall_until_sealed:
+        # An actor's copy of the plan hears neither the controller's seals nor new weights
+        # while an attempt waits (its version comes with the next call): a stall never ends.
+        stalled = sorted({*self.faults.stall_until_sealed, *self.faults.stall_until_weights})
+        if stalled:
             raise ConfigError(
-                "faults.stall_until_sealed: stalls on a seal need in-process workers, found "
-                f"rollout actors ({sorted(self.faults.stall_until_sealed)})"
+                f"faults: stalls need in-process workers, found rollout actors ({stalled})"
             )
 
 

@@ -131,7 +131,9 @@ class StagingGate:
     @contextlib.contextmanager
     def staging(self) -> Iterator[None]:
         with self._changed:
-            while self._holds:
+            # > 0, not truthy: a cancelled checkpoint may release an actor's hold before the
+            # hold's thread took it (-1 until it does); puts go on meanwhile.
+            while self._holds > 0:
                 self._changed.wait()
             self._puts += 1
         try:
