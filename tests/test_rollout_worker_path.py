@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,32 @@ def test_a_refused_append_is_waited_for_but_not_counted(log: EventLog) -> None:
     assert (second.stats.appends, second.stats.events) == (0, 0)
     assert second.stats.log_wait_s > 0
     assert second.stats.log_busy_s > 0
+
+
+def test_puts_held_by_a_checkpoint_leave_the_loops_threads_free(log: EventLog) -> None:
+    """A checkpoint holds the staging gate while the barrier drains; a mutation inside the
+    barrier runs its blocking step on the loop's default executor. Puts blocked on the gate
+    must not take those threads (they took all of them, and the run deadlocked): here four
+    puts wait on a held gate while a two-thread default executor still serves a call."""
+    worker = RolloutWorker(ScriptedEngine(), log, InMemoryDataPlane(), worker_id="w")
+    sampling = Sampling(n=1, max_tokens=TOKENS, seed=1, ignore_eos=True)
+
+    async def main() -> int:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2))
+        worker.gate.hold()
+        attempts = [
+            asyncio.create_task(worker.run_attempt("grp", i, 0, "a prompt", sampling, "overlap"))
+            for i in range(4)
+        ]
+        while worker.stats.generated_tokens < 4 * TOKENS:  # every attempt is at its put
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        try:
+            served = await asyncio.wait_for(asyncio.to_thread(lambda: 42), timeout=5)
+        finally:
+            worker.gate.release()  # also when the call was not served: nothing left waiting
+        await asyncio.wait_for(asyncio.gather(*attempts), timeout=10)
+        return served
+
+    assert asyncio.run(main()) == 42
+    assert worker.stats.staged_rows == 4
