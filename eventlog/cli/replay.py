@@ -250,12 +250,16 @@ def _write_json(selected: Iterator[tuple[RecordRow, Mark | None]], allow_unknown
     other record takes `row_json`, the long way. The bytes are the same either way.
     """
     out = sys.stdout
-    binary = getattr(out, "buffer", None)
+    # On a terminal the lines go through the text stream: a progress bar may be live on it
+    # (rich wraps the stream to clear the bar first; its byte buffer would write over it).
+    binary = None if out.isatty() else getattr(out, "buffer", None)
     out.flush()
     chunk = bytearray()
     decode = codec.decode
+    line_start = 0
     try:
         for row, mark in selected:
+            line_start = len(chunk)
             written = False
             if mark is None:
                 seq, stream, version, event_id, type_name, schema, recorded_at, payload, _ = row
@@ -273,6 +277,10 @@ def _write_json(selected: Iterator[tuple[RecordRow, Mark | None]], allow_unknown
                 chunk += b"\n"
             if len(chunk) >= _CHUNK_BYTES:
                 _write(out, binary, chunk)
+                line_start = 0
+    except BaseException:
+        del chunk[line_start:]  # the line of the record that failed, as far as it got
+        raise
     finally:  # the lines before a record that fails are written, as they were
         _write(out, binary, chunk)
 

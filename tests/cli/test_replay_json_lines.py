@@ -4,6 +4,8 @@ of the envelope and one of the event) and the rest the long way (`view_record`, 
 
 from __future__ import annotations
 
+import io
+import sys
 import uuid
 from typing import Any
 
@@ -143,3 +145,68 @@ def test_json_lines_are_written_a_chunk_at_a_time(
     assert cli("append", log_file, input=notes).exit_code == 0
     text = replayed(log_file)
     assert written == [*(item + b"\n" for item in text.encode().splitlines()), b""]
+
+
+class _Terminal(io.TextIOWrapper):
+    """A stdout that says it is a terminal; what reaches its byte buffer directly is kept
+    apart from what goes through `write` (where rich clears a live progress bar first)."""
+
+    def __init__(self) -> None:
+        self.direct = io.BytesIO()
+        super().__init__(self.direct, encoding="utf-8")
+        self.through: list[str] = []
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.through.append(text)
+        return len(text)
+
+
+def _rows(log_file: str, count: int) -> list[Any]:
+    notes = lines(*(line("s", "CliNote", {"text": f"n{i}"}) for i in range(count)))
+    assert cli("append", log_file, input=notes).exit_code == 0
+    with EventLog.open(log_file, read_only=True) as log:
+        return list(log.read_rows(1, log.head()))
+
+
+def test_on_a_terminal_json_lines_go_through_the_text_stream(
+    log_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A progress bar may be live on a terminal: lines written to the byte buffer under
+    rich's stream proxy were glued to the bar's last frame, never cleared."""
+    from eventlog.cli import replay as module
+
+    rows = _rows(log_file, 3)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    module._write_json(((row, None) for row in rows), allow_unknown=False)
+    assert terminal.direct.getvalue() == b""
+    assert "".join(terminal.through).splitlines() == replayed(log_file).splitlines()
+
+
+def test_a_record_that_fails_to_encode_leaves_no_half_line(
+    log_file: str, monkeypatch: pytest.MonkeyPatch, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """The lines before the record are written whole; the failing record's own line, as far
+    as it got into the chunk, is not."""
+    from eventlog.cli import replay as module
+
+    rows = _rows(log_file, 3)
+    real = views.write_json_line
+    calls = [0]
+
+    def failing_second(out: bytearray, head: Any, event: Any) -> bool:
+        calls[0] += 1
+        if calls[0] == 2:
+            out += b'{"seq":2,"stream":'
+            raise TypeError("cannot encode")
+        return real(out, head, event)
+
+    monkeypatch.setattr(module, "write_json_line", failing_second)
+    with pytest.raises(TypeError):
+        module._write_json(((row, None) for row in rows), allow_unknown=False)
+    written = capfdbinary.readouterr().out
+    assert written.endswith(b"\n") and written.count(b"\n") == 1
+    assert written == replayed(log_file).splitlines(keepends=True)[0].encode()
