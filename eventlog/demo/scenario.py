@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventlog.recovery.config import RecoveryConfig, parse_config
+from eventlog.recovery.config import RecoveryConfig, parse_config, resolve_granularity
 from eventlog.rollout.faults import FaultPlan
 from eventlog.rollout.settings import LoopSettings
 
@@ -93,11 +93,12 @@ def demo_faults(settings: LoopSettings, *, in_process: bool = True) -> FaultPlan
     Faults name step-1 groups of the first controller only: rerun attempts have new ids.
 
     With in-process workers (they hear of the controller's seals), two stragglers make
-    step 1's checkpoint catch step 2's first echo group half-sealed, whatever the machine's
-    speed: step 1's sibling 0 waits until that group's sibling 0 is sealed (so step 1 cannot
-    train before it), and its last sibling waits for step 1's weights (so it cannot be sealed
-    before that checkpoint). An echo group, since a `prompt_group` group seals its siblings
-    only all at once (waiting on one would never end); none in step 2, no stragglers. A
+    step 1's checkpoint catch step 2's first `sibling` group half-sealed, whatever the
+    machine's speed: step 1's sibling 0 waits until that group's sibling 0 is sealed (so step
+    1 cannot train before it), and its last sibling waits for step 1's weights (so it cannot
+    be sealed before that checkpoint). A `sibling` group (as the configuration resolves it),
+    since a `prompt_group` group seals its siblings only all at once (waiting on one would
+    never end); none in step 2, no stragglers. A
     waiting straggler holds its slot: two slots at least.
     """
     last = settings.siblings - 1
@@ -108,12 +109,13 @@ def demo_faults(settings: LoopSettings, *, in_process: bool = True) -> FaultPlan
     if settings.siblings > 1:
         kill[f"step1-g{min(2, settings.groups_per_step - 1)}_g1"] = 6
     plan = FaultPlan(fail_after_tokens=fail, kill_after_tokens=kill)
-    echo = [
+    dataset, config = DemoDataset(), demo_config()
+    by_sibling = [
         j
-        for j, sample in enumerate(DemoDataset().sample_ids(2, settings.groups_per_step))
-        if PROMPTS[_index(sample)][0] == "echo"
+        for j, sample in enumerate(dataset.sample_ids(2, settings.groups_per_step))
+        if resolve_granularity(config, dataset.get(sample)) == "sibling"
     ]
-    if in_process and echo and settings.siblings > 1 and settings.slots >= 2:
-        plan.stall_until_sealed["step1-g0_g0"] = f"step2-g{echo[0]}_g0"
-        plan.stall_until_weights[f"step2-g{echo[0]}_g{last}"] = 1
+    if in_process and by_sibling and settings.siblings > 1 and settings.slots >= 2:
+        plan.stall_until_sealed["step1-g0_g0"] = f"step2-g{by_sibling[0]}_g0"
+        plan.stall_until_weights[f"step2-g{by_sibling[0]}_g{last}"] = 1
     return plan

@@ -293,7 +293,13 @@ class SqlStore:
                 # submission (a group commit of single-event appends paid both per event).
                 batch.recorded_at = time.time_ns()
                 batch.minted, batch.minted_bytes = mint_event_ids(
-                    sum([_unchosen(r) for s in submissions for r in s])
+                    sum(
+                        [
+                            _minted_of_chosen(r) if r.chosen else len(r.events)
+                            for s in submissions
+                            for r in s
+                        ]
+                    )
                 )
                 plan = self._plan
                 outcomes = [plan(batch, submission) for submission in submissions]
@@ -922,10 +928,8 @@ def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
         yield list(values[start : start + _ID_CHUNK])
 
 
-def _unchosen(request: PreparedRequest) -> int:
-    """How many of the request's events take a minted id."""
-    if not request.chosen:
-        return len(request.events)
+def _minted_of_chosen(request: PreparedRequest) -> int:
+    """How many events of a request with chosen ids take a minted id (those without one)."""
     return sum([event.chosen is None for event in request.events])
 
 
