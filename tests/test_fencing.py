@@ -23,7 +23,13 @@ from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.errors import BarrierError, ControllerFencedError, LedgerRuleError
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import EPOCH_STREAM, ControllerEpochStarted, PromptRef
-from tests.fixtures.ledger import Harness, last_json_of_child, make_prompt
+from tests.fixtures.ledger import (  # noqa: F401
+    Harness,
+    backend_harness_fixture,
+    last_json_of_child,
+    log_backend_harness_fixture,
+    make_prompt,
+)
 
 T = TypeVar("T")
 
@@ -103,6 +109,13 @@ class Controller:
         )
 
 
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """SQLite and the real PostgreSQL server with the in-memory data plane, and SQLite with
+    the real TransferQueue."""
+    return backend_harness
+
+
 @pytest.fixture
 def controller(log_target: str) -> Iterator[Controller]:
     a = Controller(log_target)
@@ -161,13 +174,15 @@ def test_a_restore_reads_again_the_absences_it_kept_before_a_newer_controller_ap
     assert "g5-r1" in RecoveryLedger.open(h.log, h.data_plane, read_only=True).state.groups
 
 
-def test_a_controller_restored_in_another_process_fences_the_first(harness: Harness) -> None:
-    h = harness
+def test_a_controller_restored_in_another_process_fences_the_first(
+    log_backend_harness: Harness,
+) -> None:
+    h = log_backend_harness  # the other process restores an in-memory data plane
     h.reserve("g1", n=2)
     h.dispatch("g1")
     h.seal("g1", 0)
     h.checkpoint(1)
-    b = take_over(str(h.path), "restore", {k: dict(v) for k, v in h.dataset.prompts.items()})
+    b = take_over(h.location, "restore", {k: dict(v) for k, v in h.dataset.prompts.items()})
     assert b["epoch"] == 2
     rid = h.rollout_id("g1", 1)
     receipt = h.stage(rid)  # the worker's records are not the controller's
@@ -187,11 +202,11 @@ def test_a_controller_restored_in_another_process_fences_the_first(harness: Harn
 
 
 def test_reopening_takes_a_newer_epoch_that_fences_the_process_that_took_over(
-    harness: Harness,
+    log_backend_harness: Harness,
 ) -> None:
-    h = harness
+    h = log_backend_harness
     h.reserve("g1")
-    take_over(str(h.path), "open")
+    take_over(h.location, "open")
     h.reopen()  # an operator decides this controller takes over again
     assert h.ledger.epoch == 3
     h.reserve("g2")

@@ -4,17 +4,17 @@ What is pinned: commands on different groups are in flight together and share on
 commands on one group are serialized (the second validates against the first's result); a
 command adopts only the groups it changed (the live state is updated in place, so a group no
 command touched is the very object it was). Commit counts come from `EventLog.commits`; to
-make "in flight together" deterministic the log's writer is held behind an SQLite write lock
-taken from another connection while the commands are submitted.
+make "in flight together" deterministic the log's writer is held behind its write lock, taken
+by another process while the commands are submitted. Every test runs on SQLite, on
+PostgreSQL and on SQLite with the real TransferQueue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
@@ -28,29 +28,17 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
-from tests.fixtures.ledger import Harness, make_prompt
+from tests.fixtures.ledger import Harness, backend_harness_fixture, make_prompt  # noqa: F401
+from tests.reliability import write_lock_held
 
 T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def writer_held(h: Harness) -> Iterator[Callable[[], None]]:
-    """Lock the SQLite file from another connection; yields `release`."""
-    other = sqlite3.connect(h.path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        if not released:
-            other.execute("ROLLBACK")
-            released = True
-
-    try:
-        yield release
-    finally:
-        release()
-        other.close()
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server (the in-memory data
+    plane), and on SQLite with the real TransferQueue."""
+    return backend_harness
 
 
 def in_flight_together(
@@ -63,7 +51,8 @@ def in_flight_together(
     """
 
     async def main() -> tuple[list[T | BaseException], int]:
-        with writer_held(h) as release:
+        with contextlib.ExitStack() as lock:
+            lock.enter_context(write_lock_held(h.location))  # another process holds it
             blocker = asyncio.ensure_future(
                 h.log.append_async(attempt_stream("blocker_g0"), [blocker_event()])
             )
@@ -72,7 +61,7 @@ def in_flight_together(
             async with h.barrier.mutation("test") as cut:
                 tasks = [asyncio.ensure_future(command(cut)) for command in commands]
                 await asyncio.sleep(0.2)  # every command has submitted what it can
-                release()
+                lock.close()  # the holder lets go
                 results = await asyncio.gather(*tasks, return_exceptions=True)
             await blocker
             return list(results), h.log.commits - before - 1

@@ -33,8 +33,15 @@ from eventlog.recovery.vocabulary import (
     group_stream,
 )
 from projections.siblings import GroupState
-from tests.fixtures.ledger import Harness, make_prompt
+from tests.fixtures.ledger import Harness, backend_harness_fixture, make_prompt  # noqa: F401
 from tests.test_ledger_async import in_flight_together, ready, same_as_rebuilt, seal_async
+
+
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """Every test here runs on SQLite and on the real PostgreSQL server (the in-memory data
+    plane), and on SQLite with the real TransferQueue."""
+    return backend_harness
 
 
 def _finalized(h: Harness, *group_ids: str) -> None:

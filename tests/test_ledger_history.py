@@ -1,22 +1,23 @@
 """A log written around the ledger (hand-edited, out of order) never folds into a state.
 
 Each case appends a valid prefix and then one event that breaks exactly one rule, straight to
-the log; reopening the ledger must refuse it and name the seq and the rule.
+the log (SQLite and PostgreSQL); reopening the ledger must refuse it and name the seq and the
+rule.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 import pytest
+import sqlalchemy as sa
 
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.errors import InvalidEventError, SchemaError
 from eventlog.events import Event
+from eventlog.log import resolve_url
 from eventlog.records import ANY
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
@@ -348,10 +349,10 @@ def test_a_stale_result_is_a_typed_violation_naming_both_rollout_ids() -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_reopening_a_log_with_a_rule_breaking_record_names_its_seq(
-    name: str, tmp_path: Path
+    name: str, log_target: str
 ) -> None:
     prefix, bad, match = CASES[name]
-    with EventLog.open(tmp_path / "run.db") as log:
+    with EventLog.open(log_target) as log:
         for event in prefix:
             log.append(_stream(event), [event], ANY)
         seq = log.append(_stream(bad), [bad], ANY).seqs[0]
@@ -359,15 +360,20 @@ def test_reopening_a_log_with_a_rule_breaking_record_names_its_seq(
             RecoveryLedger.open(log, InMemoryDataPlane())
 
 
-def _edit_payload(path: Path, seq: int, edit: Callable[[dict[str, object]], None]) -> None:
-    with sqlite3.connect(path) as db:
-        drop_append_only(db)
-        (payload,) = db.execute("SELECT payload FROM events WHERE seq = ?", (seq,)).fetchone()
-        data = msgspec.msgpack.decode(payload)
-        edit(data)
-        db.execute(
-            "UPDATE events SET payload = ? WHERE seq = ?", (msgspec.msgpack.encode(data), seq)
-        )
+def _edit_payload(target: str, seq: int, edit: Callable[[dict[str, object]], None]) -> None:
+    engine = sa.create_engine(resolve_url(target))
+    try:
+        with engine.begin() as db:
+            drop_append_only(db)
+            select = sa.text("SELECT payload FROM events WHERE seq = :seq")
+            data = msgspec.msgpack.decode(db.execute(select, {"seq": seq}).scalar_one())
+            edit(data)
+            db.execute(
+                sa.text("UPDATE events SET payload = :payload WHERE seq = :seq"),
+                {"payload": msgspec.msgpack.encode(data), "seq": seq},
+            )
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize(
@@ -383,16 +389,15 @@ def _edit_payload(path: Path, seq: int, edit: Callable[[dict[str, object]], None
     ],
 )
 def test_a_hand_edited_seal_payload_fails_to_decode_naming_its_seq(
-    tmp_path: Path, edit: Callable[[dict[str, object]], None], match: str
+    log_target: str, edit: Callable[[dict[str, object]], None], match: str
 ) -> None:
-    path = tmp_path / "run.db"
-    with EventLog.open(path) as log:
+    with EventLog.open(log_target) as log:
         for event in [reserved(), dispatched(ref(0))]:
             log.append(_stream(event), [event], ANY)
         seq = log.append(group_stream("g"), [sealed(0)], ANY).seqs[0]
-    _edit_payload(path, seq, edit)
+    _edit_payload(log_target, seq, edit)
     with (
-        EventLog.open(path) as log,
+        EventLog.open(log_target) as log,
         pytest.raises(SchemaError, match=rf"seq {seq}: SiblingSealed.*{match}"),
     ):
         RecoveryLedger.open(log, InMemoryDataPlane())

@@ -27,7 +27,12 @@ from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import CONTROLLER_STREAM, CheckpointCommitted, RestoreCompleted
 from projections.siblings import LedgerState
 from projections.version import PROJECTION_VERSION, projection_version
-from tests.fixtures.ledger import Harness, ListDataset
+from tests.fixtures.ledger import (  # noqa: F401
+    Harness,
+    ListDataset,
+    backend_harness_fixture,
+    log_backend_harness_fixture,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 OLD = Path(__file__).parent / "data" / "ledger-before-projection-version"
@@ -68,6 +73,13 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.fixture(name="harness")
+def _harness_on_each_backend(backend_harness: Harness) -> Harness:
+    """SQLite and the real PostgreSQL server with the in-memory data plane, and SQLite with
+    the real TransferQueue."""
+    return backend_harness
+
+
 def _next_release(tmp_path: Path) -> Path:
     """A copy of `projections/` whose GroupState gained an optional field."""
     root = tmp_path / "next_release"
@@ -80,8 +92,8 @@ def _next_release(tmp_path: Path) -> Path:
     return root
 
 
-def _restores(path: Path) -> list[RestoreCompleted]:
-    with EventLog.open(path) as log:
+def _restores(location: str) -> list[RestoreCompleted]:
+    with EventLog.open(location) as log:
         return [
             r.event
             for r in log.read_stream(CONTROLLER_STREAM)
@@ -102,9 +114,9 @@ def test_the_version_follows_the_state_shape_not_its_prose() -> None:
 
 
 def test_a_checkpoint_of_the_previous_code_restores_after_the_state_gained_a_field(
-    harness: Harness, tmp_path: Path
+    log_backend_harness: Harness, tmp_path: Path
 ) -> None:
-    h = harness
+    h = log_backend_harness  # the next release's process restores an in-memory data plane
     h.reserve("g1", n=2)
     h.dispatch("g1")
     h.seal("g1", 0)
@@ -116,7 +128,7 @@ def test_a_checkpoint_of_the_previous_code_restores_after_the_state_gained_a_fie
             sys.executable,
             "-c",
             _CHILD,
-            str(h.path),
+            h.location,
             json.dumps(h.dataset.prompts),
             str(tmp_path / "step_2"),
         ],
@@ -133,7 +145,7 @@ def test_a_checkpoint_of_the_previous_code_restores_after_the_state_gained_a_fie
     # It said so: in its log output, and in the RestoreCompleted it appended.
     assert "not trusted" in child.stderr
     assert "a code change, not a divergence" in child.stderr
-    (restored,) = _restores(h.path)
+    (restored,) = _restores(h.location)
     assert restored.snapshots_untrusted == 1
     assert restored.records_folded > 0
     assert restored.digest_compared is False
@@ -144,9 +156,9 @@ def test_a_checkpoint_of_the_previous_code_restores_after_the_state_gained_a_fie
     h.fresh_process()
     plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=2), kind="recovery_restore")
     assert plan.admitted[0].redispatch_indices == [1]
-    again = _restores(h.path)[-1]
+    again = _restores(h.location)[-1]
     assert (again.snapshots_untrusted, again.digest_compared) == (1, False)
-    with EventLog.open(h.path) as log:
+    with EventLog.open(h.location) as log:
         total = log.head()
     assert 0 < again.records_folded < total - restored.records_folded
 
@@ -172,7 +184,7 @@ def test_a_digest_of_another_version_is_told_apart_from_a_divergence(harness: Ha
     h = harness
     h.reserve("g1", n=2)
     h.checkpoint(1)
-    with EventLog.open(h.path) as log:
+    with EventLog.open(h.location) as log:
         (rec,) = [r for r in log.read(types=["CheckpointCommitted"])]
     assert isinstance(rec.event, CheckpointCommitted)
     assert rec.event.projection_version == PROJECTION_VERSION
@@ -234,15 +246,15 @@ def test_the_fold_starts_from_an_older_snapshot_of_this_version_or_gives_up_afte
     with monkeypatch.context() as patch:
         patch.setattr(checkpoint, "PROJECTION_VERSION", "0.000000000000")
         h.checkpoint(2)  # a snapshot "of another version"
-    with EventLog.open(h.path) as log:
+    with EventLog.open(h.location) as log:
         second = [r.seq for r in log.read(types=["CheckpointCommitted"])][-1]
     h.fresh_process()
     h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=2))
-    older = _restores(h.path)[-1]
+    older = _restores(h.location)[-1]
     assert older.snapshots_untrusted == 1 and 0 < older.records_folded < second
     with monkeypatch.context() as patch:
         patch.setattr(checkpoint, "MAX_UNTRUSTED", 1)
         h.fresh_process()
         h.run(lambda cut: h.ledger.restore(cut, h.dataset, step=2))
-    gave_up = _restores(h.path)[-1]
+    gave_up = _restores(h.location)[-1]
     assert gave_up.snapshots_untrusted == 1 and gave_up.records_folded == second
