@@ -37,6 +37,7 @@ from eventlog.recovery.vocabulary import (
     StaleResultRejected,
     UnsealedAbandoned,
     group_stream,
+    logical_id,
 )
 from eventlog.rollout.agents import get_agent
 from eventlog.rollout.controller import Controller, LoopSettings, RunReport
@@ -105,7 +106,8 @@ def events_of(log: EventLog, stream: str) -> list[object]:
 def test_seals_carry_the_reward_and_mask_sample_each_attempt_reported(
     vllm_session: VllmSession, log: EventLog, tmp_path: Path
 ) -> None:
-    report = run_controller(vllm_session, log, tmp_path)
+    faults = FaultPlan()
+    report = run_controller(vllm_session, log, tmp_path, faults=faults)
 
     records = list(log.read())
     reserved = {r.event.group_id: r.event for r in records if isinstance(r.event, GroupReserved)}
@@ -119,6 +121,9 @@ def test_seals_carry_the_reward_and_mask_sample_each_attempt_reported(
     }
     sealed = seals(records)
     assert len(sealed) == 2 * 3
+    # Each seal, of one sibling or of the whole group, was reported to the fault plan (a
+    # stall waiting on it lets go then).
+    assert faults.sealed == {logical_id(gid, index) for gid, index in sealed}
     for (gid, _), result in sealed.items():
         outcome = finished[result.rollout_id]
         agent = get_agent(reserved[gid].agent_name)
@@ -236,9 +241,13 @@ def test_a_restarted_controller_restores_the_checkpoint_and_trains_nothing_twice
     first_log.close()
 
     with EventLog.open(path) as log:  # a new process: new handle, empty data plane
-        report = run_controller(vllm_session, log, tmp_path, settings=settings)
+        faults = FaultPlan()
+        report = run_controller(vllm_session, log, tmp_path, settings=settings, faults=faults)
         plan = report.restore
         assert plan is not None and report.started_at_step == plan.checkpoint_step >= 1
+        # The seals the restore kept are known sealed to the new process's fault plan.
+        kept = {logical_id(g.group_id, s.generation_index) for g in plan.admitted for s in g.sealed}
+        assert kept <= faults.sealed
         records = list(log.read())
         at_checkpoint = rebuild(
             [r for r in records if r.seq <= plan.checkpoint_seq], rolled_back([])

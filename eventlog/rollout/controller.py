@@ -235,6 +235,8 @@ class Controller:
         """Take a restored group back: redispatch exactly what the plan says, keep the rest."""
         state = self.ledger.group(plan.group_id)
         group = self._register(plan.group_id, step, state.prompt_ref.sample_id, plan.prompt)
+        for kept in plan.sealed:  # sealed before the crash: a stall waiting on one may go
+            self.faults.seal_landed(kept.rollout_id)
         if plan.redispatch:
             async with self.barrier.mutation("dispatch") as cut:
                 refs = await self.ledger.dispatch_async(cut, plan.group_id, plan.redispatch_indices)
