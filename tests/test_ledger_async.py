@@ -20,6 +20,7 @@ from typing import TypeVar
 import pytest
 
 from eventlog.recovery.barrier import Cut
+from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.ledger import RecoveryLedger
 from eventlog.recovery.vocabulary import (
     GenerationStarted,
@@ -187,6 +188,41 @@ def test_a_rejected_async_command_appends_nothing_and_changes_nothing(harness: H
 
     assert error is not None and "g1" in str(error)
     assert (h.log.head(), h.ledger.digest()) == (head, digest)
+
+
+def test_an_admit_and_a_reserve_into_that_admission_are_serialized_and_the_log_still_folds(
+    harness: Harness,
+) -> None:
+    """The admit changes only its members' groups and the reserve only its own group and the
+    admission, but each fold checks the other's entity (the reserve, the admission's first
+    group; the admit, its members): in flight together, each validated against the state
+    before the other and both landed, and the log no longer folded at all."""
+    h = harness
+    h.reserve("g1", admitted=False, target_step=None, admission_id="a")
+    prompt = make_prompt("g2")
+    h.dataset.prompts["g2"] = prompt
+
+    def reserve_g2(cut: Cut) -> Awaitable[object]:
+        return h.ledger.reserve_async(
+            cut, group_id="g2", prompt=prompt,
+            prompt_ref=PromptRef(sample_id="g2", task_name="math"), expected_generations=2,
+            start_weight_version=0, admitted=False, target_step=None, admission_id="a",
+            granularity="sibling",
+        )  # fmt: skip
+
+    results, _ = in_flight_together(
+        h,
+        lambda cut: h.ledger.admit_async(cut, "a", target_step=5, start_weight_version=0),
+        reserve_g2,
+    )
+
+    assert results[0] == ["g1"]
+    refused = results[1]  # it waited for the admit and validated again: no longer agrees
+    assert isinstance(refused, LedgerRuleError) and "groups of one admission must agree" in str(
+        refused
+    )
+    assert "g2" not in h.ledger.state.groups
+    assert same_as_rebuilt(h)  # the log folds, to the live state
 
 
 def test_a_fresh_group_id_and_its_reserve_read_the_log_once_and_off_the_loop(

@@ -4,8 +4,10 @@ A command validates by folding its events into a trial state and adopts the tria
 the append is durable. Copying the whole state for each trial costs in proportion to the
 groups held; an overlay over the live state costs in proportion to what the command changes:
 reads fall through to the live mappings, writes and deletions stay in the overlay until
-`adopt` applies them. Its `touched` keys are what the command changes, so commands whose keys
-are disjoint can be in flight together and adopt in either order.
+`adopt` applies them. Its `touched` keys are what the command's fold read or changed, so
+commands whose keys are disjoint can be in flight together and adopt in either order: a fold
+that checks one entity against another (a reserve against its admission's first group, an
+admit against its members) conflicts with a command changing the one it only read.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ class Overlay(MutableMapping[K, V], Generic[K, V]):
         self.base = base
         self.written: dict[K, V] = {}
         self.deleted: set[K] = set()
+        self.read: set[K] = set()
+        """Keys looked up (the fold reads by key only: it never iterates a trial)."""
 
     def __getitem__(self, key: K) -> V:
+        self.read.add(key)
         found = self.written.get(key, _ABSENT)
         if found is not _ABSENT:
             return cast(V, found)
@@ -49,6 +54,7 @@ class Overlay(MutableMapping[K, V], Generic[K, V]):
             self.deleted.add(key)
 
     def __contains__(self, key: object) -> bool:
+        self.read.add(cast(K, key))
         if key in self.written:
             return True
         return key not in self.deleted and key in self.base
@@ -67,7 +73,8 @@ class Overlay(MutableMapping[K, V], Generic[K, V]):
         return len(self.base) - len(self.deleted) + added
 
     def touched(self) -> set[K]:
-        return set(self.written) | self.deleted
+        """The keys read, written or deleted."""
+        return set(self.written) | self.deleted | self.read
 
     def adopt(self) -> None:
         """Apply the writes and deletions to `base`."""
@@ -92,7 +99,8 @@ class Trial:
         )
 
     def touched(self) -> frozenset[str]:
-        """What the command changes: ``group:<id>``, ``admission:<id>``, ``replay:<id>``."""
+        """What the command's fold read or changed: ``group:<id>``, ``admission:<id>``,
+        ``replay:<id>`` (the keys a command in flight holds)."""
         return frozenset(
             [f"group:{k}" for k in self.groups.touched()]
             + [f"admission:{k}" for k in self.admissions.touched()]
