@@ -11,19 +11,30 @@ import asyncio
 import json
 import textwrap
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import torch
 
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
+from eventlog.dataplane.protocol import DataPlaneCheckpoint
 from eventlog.errors import ConcurrencyError
 from eventlog.recovery.barrier import Cut, MutationBarrier
+from eventlog.recovery.checkpoint import checkpoint_location
 from eventlog.recovery.errors import BarrierError, ControllerFencedError, LedgerRuleError
 from eventlog.recovery.ledger import RecoveryLedger
-from eventlog.recovery.vocabulary import EPOCH_STREAM, ControllerEpochStarted, PromptRef
+from eventlog.recovery.vocabulary import (
+    CONTROLLER_STREAM,
+    EPOCH_STREAM,
+    CheckpointCommitted,
+    ControllerEpochStarted,
+    PromptRef,
+)
 from tests.fixtures.ledger import (  # noqa: F401
+    STAGING,
     Harness,
     backend_harness_fixture,
     last_json_of_child,
@@ -288,3 +299,77 @@ def test_a_ledger_bound_at_open_refuses_even_its_first_foreign_cut(tmp_path: Pat
         with pytest.raises(BarrierError, match=r"'other'.*does not hold this one"):
             asyncio.run(reserve())
         assert log.head() == head
+
+
+def _checkpoint_folders(h: Harness) -> list[Path]:
+    return sorted(h.path.parent.rglob("step-*-seq-*"))
+
+
+def test_a_superseded_ledger_writes_no_checkpoint_files(harness: Harness) -> None:
+    """A checkpoint saves the data plane before its append: the append's fence would refuse
+    it only after the files were written (and a zombie at the live controller's cut wrote over
+    the live one's folder). The epoch is read before anything is saved."""
+    h = harness
+    h.reserve("g1")
+    h.newer_controller()  # takes epoch 2; this ledger has not appended since
+    head = h.log.head()
+    for _ in range(2):  # unaware of it, then aware
+        with pytest.raises(ControllerFencedError, match="epoch 1, but epoch 2"):
+            h.checkpoint(1)
+    assert _checkpoint_folders(h) == []
+    assert h.log.head() == head
+
+
+def test_the_live_controllers_checkpoint_survives_a_zombie_checkpointing_the_same_cut(
+    harness: Harness,
+) -> None:
+    """B (the newer controller) has saved its data plane and not yet committed when A, the
+    zombie, checkpoints the same step at the same log head: A is refused without touching
+    B's folder, and B's committed checkpoint loads B's rows."""
+    a = harness
+    a.reserve("g1")
+    b = a.newer_controller()
+    b.data_plane = InMemoryDataPlane()
+    b.ledger = RecoveryLedger.open(b.log, b.data_plane)
+    a.data_plane.put_rows(STAGING, {"zombie-row": {"token_ids": torch.arange(3)}})
+    b.data_plane.put_rows(STAGING, {"live-row": {"token_ids": torch.arange(3)}})
+    saved_by_b = b.data_plane.save_checkpoint
+    refused: list[BaseException] = []
+
+    def b_saves_then_a_checkpoints(where: str) -> Any:
+        saved = saved_by_b(where)
+        try:
+            with ThreadPoolExecutor(1) as other:  # A's own loop, as in its own process
+                other.submit(a.checkpoint, 1).result()
+        except ControllerFencedError as exc:
+            refused.append(exc)
+        return saved
+
+    b.data_plane.save_checkpoint = b_saves_then_a_checkpoints  # type: ignore[method-assign]
+    b.checkpoint(1)
+
+    assert len(refused) == 1
+    (ckpt,) = [
+        r.event for r in b.log.read_stream(CONTROLLER_STREAM) if r.type == "CheckpointCommitted"
+    ]
+    assert isinstance(ckpt, CheckpointCommitted)
+    assert _checkpoint_folders(b) == [Path(ckpt.data_plane_ref)]
+    loaded = InMemoryDataPlane()
+    loaded.load_checkpoint(
+        DataPlaneCheckpoint(
+            ref=ckpt.data_plane_ref,
+            inventory_digest=ckpt.inventory_digest,
+            row_count=ckpt.row_count,
+        )
+    )
+    assert list(loaded.list_keys(STAGING)) == ["live-row"]
+
+
+def test_two_controllers_never_name_the_same_checkpoint_folder() -> None:
+    """The saving controller's epoch is in the folder's name: at the same step, cut and chain,
+    a zombie that got past the epoch read still writes beside the live one, not over it."""
+    chain = bytes(range(32))
+    first = checkpoint_location("/ckpt", 1, 7, chain, epoch=1)
+    second = checkpoint_location("/ckpt", 1, 7, chain, epoch=2)
+    assert first != second
+    assert first.parent == second.parent == Path("/ckpt").resolve()

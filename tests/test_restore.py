@@ -480,7 +480,13 @@ def test_restore_and_checkpoint_compute_their_events_without_appending(harness: 
     ]
     directory = str(h.path.parent / "unappended")
     event = checkpoint_event(
-        prepared.state, h.data_plane, h.ledger.staging_partition, h.log, step=1, directory=directory
+        prepared.state,
+        h.data_plane,
+        h.ledger.staging_partition,
+        h.log,
+        step=1,
+        directory=directory,
+        epoch=1,
     )
     assert h.log.head() == head
     assert event.ledger_digest == state_digest(prepared.state)

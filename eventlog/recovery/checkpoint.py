@@ -235,19 +235,25 @@ def check_rows(state: LedgerState, data_plane: DataPlane, partition: str) -> Non
             )
 
 
-_FRESH = re.compile(r"^step-\d+-seq-\d+-[0-9a-f]+$")
+_FRESH = re.compile(r"^step-\d+-seq-\d+(?:-e\d+)?-[0-9a-f]+$")
+"""A folder `checkpoint_location` names (older logs' names have no epoch)."""
 
 
-def checkpoint_location(directory: str, step: int, covers_seq: int, chain: bytes) -> Path:
+def checkpoint_location(
+    directory: str, step: int, covers_seq: int, chain: bytes, epoch: int
+) -> Path:
     """Where a checkpoint's data plane goes: a fresh folder under `directory`, never one that
     a committed checkpoint references.
 
-    Named by the log position the cut covers and that position's chain value: every committed
-    checkpoint covers a different seq of its log (its own record comes after the seq it
-    covers), and another log's chain differs, so the only folder that can already be there is
-    the leftover of an attempt at this very cut that crashed before it was committed.
+    Named by the log position the cut covers, the saving controller's fencing epoch and that
+    position's chain value: every committed checkpoint covers a different seq of its log (its
+    own record comes after the seq it covers), another log's chain differs, and two
+    controllers at the same head (a zombie beside the one that superseded it) hold different
+    epochs. So the only folder that can already be there is the leftover of this controller's
+    own attempt at this very cut that failed before it was committed.
     """
-    return Path(directory).resolve() / f"step-{step}-seq-{covers_seq}-{chain.hex()[:12] or '0'}"
+    name = f"step-{step}-seq-{covers_seq}-e{epoch}-{chain.hex()[:12] or '0'}"
+    return Path(directory).resolve() / name
 
 
 def save_fresh(data_plane: DataPlane, location: Path) -> DataPlaneCheckpoint:
@@ -310,12 +316,14 @@ def checkpoint_event(
     *,
     step: int,
     directory: str,
+    epoch: int,
 ) -> CheckpointCommitted:
     """Check the state can be checkpointed, save the data plane, and return the event to append.
 
     Refuses while a group is finalizing or finalization_unknown and checks every sealed
-    staging row exists; saves into a fresh folder under `directory` (checkpoint_location), so
-    a crash before the event is committed leaves the newest committed checkpoint whole.
+    staging row exists; saves into a fresh folder under `directory` (checkpoint_location, of
+    the saving controller's `epoch`), so a crash before the event is committed leaves the
+    newest committed checkpoint whole.
     Appends nothing (the ledger commits the event, then `save_snapshot`).
     """
     for group in state.groups.values():
@@ -327,7 +335,7 @@ def checkpoint_event(
             )
     check_rows(state, data_plane, partition)
     covers_seq, chain = log.tail_chain()
-    saved = save_fresh(data_plane, checkpoint_location(directory, step, covers_seq, chain))
+    saved = save_fresh(data_plane, checkpoint_location(directory, step, covers_seq, chain, epoch))
     return CheckpointCommitted(
         step=step,
         data_plane_ref=saved.ref,

@@ -170,6 +170,13 @@ def _check_types(event: Event) -> None:
         raise LedgerRuleError(f"{where}{exc}") from None
 
 
+def _no_epoch() -> LedgerRuleError:
+    return LedgerRuleError(
+        "the ledger holds no fencing epoch (opened read_only?): commands need "
+        "RecoveryLedger.open(...) or restore(...)"
+    )
+
+
 def _ledger_error(exc: RuleViolation) -> LedgerRuleError:
     """The public error for a fold's violation (a stale attempt keeps both rollout ids)."""
     if isinstance(exc, StaleAttempt):
@@ -364,6 +371,24 @@ class RecoveryLedger:
     def _epoch_version(self) -> int | None:
         """Version of the epoch stream this ledger's fencing epoch sits at (None: none taken)."""
         return None if self._fence is None else cast(int, self._fence.expected_version)
+
+    def _current_epoch(self) -> int:
+        """This ledger's epoch, checked against the log's newest one: for a step that writes
+        outside the log before its append (a checkpoint saves the data plane first), where
+        the append's own fence would come too late. A superseded ledger writes nothing."""
+        if self._superseded is not None:
+            raise self._superseded
+        if self._fenced is not None:
+            raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
+        held = self._epoch_version
+        if held is None:
+            raise _no_epoch()
+        found = self.log.stream_version(EPOCH_STREAM)
+        if found != held:
+            self._superseded = self._fenced_error(held, found)
+            self._fenced = str(self._superseded)
+            raise self._superseded
+        return held + 1
 
     def _next_epoch(self, reason: str) -> tuple[str, ExpectedVersion, list[Event]]:
         """The conditional append that takes the epoch after the newest one in the log."""
@@ -688,10 +713,7 @@ class RecoveryLedger:
                 return list(requests)
         fence = self._fence
         if fence is None:
-            raise LedgerRuleError(
-                "the ledger holds no fencing epoch (opened read_only?): commands need "
-                "RecoveryLedger.open(...) or restore(...)"
-            )
+            raise _no_epoch()
         return [fence, *requests]
 
     def _conflict(
@@ -1393,6 +1415,7 @@ class RecoveryLedger:
             self.log,
             step=step,
             directory=directory,
+            epoch=self._current_epoch(),
         )
         (result,) = yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])])
         seq = result.seqs[0]
