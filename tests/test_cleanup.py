@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from eventlog.records import ANY
+from eventlog.recovery import checkpoint
 from eventlog.recovery.config import config_from_dict
 from eventlog.recovery.errors import LedgerRuleError, ReconciliationError
 from eventlog.recovery.vocabulary import (
@@ -167,7 +168,7 @@ def test_log_first_delete_after_a_crash_in_between_leaves_rows_the_next_clean_up
 
 
 def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
-    harness: Harness,
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     h = harness
     h.reserve("g1", n=2)
@@ -185,9 +186,18 @@ def test_restore_fails_closed_on_a_missing_canonical_row_and_clears_an_orphan(
     assert (rows.keys, rows.partition, rows.step) == (["orphan_g0"], TRAINING, 1)
     assert sorted(h.data_plane.list_keys(TRAINING)) == ["g1_g0", "g1_g1"]
 
-    # A checkpoint whose data plane lacks a finalized group's canonical row: fail closed.
+    # A finalized group's canonical row lost: the checkpoint refuses, appending nothing (it
+    # would commit and never restore, and with `keep` retire the last one that does).
     h.data_plane.delete_rows(TRAINING, ["g1_g1"])
-    h.checkpoint(2)
+    head = h.log.head()
+    with pytest.raises(ReconciliationError, match=r"'g1_g1' is missing .* checkpoint step 2"):
+        h.checkpoint(2)
+    assert h.log.head() == head
+    # A checkpoint that lacks it all the same (taken by code before that check): the restore
+    # fails closed.
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "check_canonical_rows", lambda *_, **__: {})
+        h.checkpoint(2)
     h.fresh_process()
     head = h.log.head()
     with pytest.raises(

@@ -487,6 +487,7 @@ def test_restore_and_checkpoint_compute_their_events_without_appending(harness: 
         step=1,
         directory=directory,
         epoch=1,
+        training_partition=h.ledger.training_partition,
     )
     assert h.log.head() == head
     assert event.ledger_digest == state_digest(prepared.state)

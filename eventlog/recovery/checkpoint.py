@@ -235,6 +235,25 @@ def check_rows(state: LedgerState, data_plane: DataPlane, partition: str) -> Non
             )
 
 
+def check_canonical_rows(
+    state: LedgerState, data_plane: DataPlane, partition: str, *, when: str
+) -> Mapping[str, Mapping[str, str]]:
+    """Every canonical row a replay entry owns must be in the training partition (fail
+    closed: training would silently lose the group); the partition's keys, for the caller.
+    `when` says which step found it missing (a checkpoint about to commit, a restore)."""
+    present = data_plane.list_keys(partition)
+    owners = {row: e.group_id for e in state.replay.values() for row in e.canonical_row_ids}
+    missing = sorted(row for row in owners if row not in present)
+    if missing:
+        first = missing[0]
+        raise ReconciliationError(
+            f"group {owners[first]!r}: canonical row {first!r} is missing from partition "
+            f"{partition!r} {when} ({len(missing)} missing in all)",
+            hint="the finalized groups' rows must be written before their GroupFinalized",
+        )
+    return present
+
+
 _FRESH = re.compile(r"^step-\d+-seq-\d+(?:-e\d+)?-[0-9a-f]+$")
 """A folder `checkpoint_location` names (older logs' names have no epoch)."""
 
@@ -317,13 +336,15 @@ def checkpoint_event(
     step: int,
     directory: str,
     epoch: int,
+    training_partition: str,
 ) -> CheckpointCommitted:
     """Check the state can be checkpointed, save the data plane, and return the event to append.
 
     Refuses while a group is finalizing or finalization_unknown and checks every sealed
-    staging row exists; saves into a fresh folder under `directory` (checkpoint_location, of
-    the saving controller's `epoch`), so a crash before the event is committed leaves the
-    newest committed checkpoint whole.
+    staging row and every replay entry's canonical row exists (a checkpoint without them
+    would commit and never restore); saves into a fresh folder under `directory`
+    (checkpoint_location, of the saving controller's `epoch`), so a crash before the event is
+    committed leaves the newest committed checkpoint whole.
     Appends nothing (the ledger commits the event, then `save_snapshot`).
     """
     for group in state.groups.values():
@@ -334,6 +355,9 @@ def checkpoint_event(
                 hint="finish or resolve finalization first",
             )
     check_rows(state, data_plane, partition)
+    check_canonical_rows(
+        state, data_plane, training_partition, when=f"as checkpoint step {step} was taken"
+    )
     covers_seq, chain = log.tail_chain()
     saved = save_fresh(data_plane, checkpoint_location(directory, step, covers_seq, chain, epoch))
     return CheckpointCommitted(

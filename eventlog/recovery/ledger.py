@@ -1416,6 +1416,7 @@ class RecoveryLedger:
             step=step,
             directory=directory,
             epoch=self._current_epoch(),
+            training_partition=self.training_partition,
         )
         (result,) = yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])])
         seq = result.seqs[0]

@@ -22,7 +22,11 @@ from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.events import Event
 from eventlog.log import EventLog
 from eventlog.records import NO_STREAM, ExpectedVersion
-from eventlog.recovery.checkpoint import check_ledger_digest, fold_from_snapshot
+from eventlog.recovery.checkpoint import (
+    check_canonical_rows,
+    check_ledger_digest,
+    fold_from_snapshot,
+)
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.errors import (
     LedgerRuleError,
@@ -417,17 +421,11 @@ def _reconcile_canonical(
 ) -> list[str]:
     """The canonical rows no replay entry owns; a row an entry owns but the data plane lacks
     fails the restore closed (training would silently lose the group)."""
-    present = data_plane.list_keys(partition)
-    owners = {row: e.group_id for e in state.replay.values() for row in e.canonical_row_ids}
-    missing = sorted(row for row in owners if row not in present)
-    if missing:
-        first = missing[0]
-        raise ReconciliationError(
-            f"group {owners[first]!r}: canonical row {first!r} is missing from partition "
-            f"{partition!r} after loading checkpoint step {step} ({len(missing)} missing in all)",
-            hint="the data-plane checkpoint does not hold the rows of the finalized groups",
-        )
-    return sorted(set(present).difference(owners))
+    present = check_canonical_rows(
+        state, data_plane, partition, when=f"after loading checkpoint step {step}"
+    )
+    owned = {row for e in state.replay.values() for row in e.canonical_row_ids}
+    return sorted(set(present).difference(owned))
 
 
 def finish_restore(
