@@ -224,7 +224,9 @@ def test_reopening_takes_a_newer_epoch_that_fences_the_process_that_took_over(
     assert {"g1", "g2", "gB"} <= set(h.ledger.state.groups)
 
 
-def test_a_read_only_ledger_takes_no_epoch_and_refuses_commands(harness: Harness) -> None:
+def test_a_read_only_ledger_takes_no_epoch_and_refuses_commands(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     h = harness
     h.reserve("g1")
     head = h.log.head()
@@ -232,7 +234,13 @@ def test_a_read_only_ledger_takes_no_epoch_and_refuses_commands(harness: Harness
     assert viewer.epoch is None and h.log.head() == head
     with pytest.raises(LedgerRuleError, match="no fencing epoch"):
         h.run(lambda cut: viewer.dispatch(cut, "g1"))
-    assert h.log.head() == head
+    h.checkpoint(1)
+    head = h.log.head()
+    loads: list[object] = []
+    monkeypatch.setattr(h.data_plane, "load_checkpoint", loads.append)
+    with pytest.raises(LedgerRuleError, match="read-only ledger cannot restore"):
+        h.run(lambda cut: viewer.restore(cut, h.dataset), kind="recovery_restore")
+    assert h.log.head() == head and viewer.epoch is None and loads == []
     h.dispatch("g1")  # the controller is not fenced by a viewer
 
 

@@ -302,6 +302,8 @@ class RecoveryLedger:
         self._staged: dict[str, dict[str, int]] = {}
         """Per rollout id, what `_staged_versions` read of its attempt stream."""
         self._fenced: str | None = None
+        self._read_only = False
+        """Opened read_only: takes no epoch, so nothing may append or touch the data plane."""
         self._barrier = barrier
         self._superseded: ControllerFencedError | None = None
         self._fence: AppendRequest | None = None
@@ -345,6 +347,7 @@ class RecoveryLedger:
         )
         head = ledger._load()
         if read_only:
+            ledger._read_only = True
             return ledger
         stream, expected, events = ledger._next_epoch("open")
         (taken,) = ledger._append([AppendRequest(stream, events, expected)])
@@ -1475,6 +1478,12 @@ class RecoveryLedger:
         prompt, then returns the plan (see eventlog.recovery.restore).
         """
         self._require_cut(cut)
+        if self._read_only:  # a restore takes an epoch and reloads the data plane it holds
+            raise LedgerRuleError(
+                "a read-only ledger cannot restore: it would take a fencing epoch (fencing "
+                "the controller) and load a checkpoint into the data plane it was given",
+                hint="restore with RecoveryLedger(log, data_plane).restore(cut, dataset)",
+            )
         prepared = prepare_restore(
             self.log,
             self.data_plane,
