@@ -30,10 +30,13 @@ def stdout_console() -> Console:
     """Console for results; follows sys.stdout so a live progress bar can redirect it.
 
     Into a pipe or file nothing is cut to a terminal's width (lines are as long as they are).
+    Neither console reads rich markup: what they print holds ids, paths and values from the
+    log and the command line (a group id `g[/]7` was a MarkupError, `[red]g8` printed as
+    `g8`); styling goes through `style=` or rich Text.
     """
-    console = _OutputConsole(highlight=False, soft_wrap=False)
+    console = _OutputConsole(highlight=False, soft_wrap=False, markup=False)
     if not console.is_terminal:
-        console = _OutputConsole(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+        console = _OutputConsole(highlight=False, soft_wrap=False, markup=False, width=PIPE_WIDTH)
     return console
 
 
@@ -41,7 +44,7 @@ PIPE_WIDTH = 4096
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, markup=False)
 
 
 PROGRESS_MIN_RECORDS = 10_000

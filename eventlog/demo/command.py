@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from eventlog.cli.exits import ExitCode
 from eventlog.cli.output import stderr_console, stdout_console
@@ -182,10 +183,14 @@ def _span_s(log: EventLog, first_seq: int, last_seq: int) -> float:
 def _summary(out: Console, run: DemoRun, check: DemoCheck, target: str, appending_s: float) -> None:
     options = run.options
     s = options.settings
-    verdict = "[green]passed[/]" if check.ok else "[red]FAILED[/]"
+    verdict = ("passed", "green") if check.ok else ("FAILED", "red")
     out.print(
-        f"\neventlog demo {verdict}: {s.steps} steps × {s.groups_per_step} groups × "
-        f"{s.siblings} siblings, {options.data_plane} data plane, run dir {options.run_dir}"
+        Text.assemble(
+            "\neventlog demo ",
+            verdict,
+            f": {s.steps} steps × {s.groups_per_step} groups × {s.siblings} siblings, "
+            f"{options.data_plane} data plane, run dir {options.run_dir}",
+        )
     )
     rows: list[tuple[str, str]] = [
         (
@@ -270,7 +275,7 @@ def _summary(out: Console, run: DemoRun, check: DemoCheck, target: str, appendin
     for name, text in rows:
         out.print(f"  {name:<{width}}  {text}", highlight=False, markup=False)
     if check.problems:
-        out.print("\n[red]checks failed:[/]")
+        out.print("\nchecks failed:", style="red")
         for problem in check.problems:
             out.print(f"  - {problem}", highlight=False, markup=False)
     else:
