@@ -27,7 +27,7 @@ from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.replay import Marker
-from eventlog.cli.targets import open_log
+from eventlog.cli.targets import open_log, refuse_writing_onto_log
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import raw_data
 from eventlog.errors import SchemaError
@@ -306,7 +306,12 @@ def export(target: str, fmt: str, output: Path) -> None:
     """
     command = click.get_current_context().command
     marker = command.marker if isinstance(command, ExportCommand) else None
-    suffix, make_table = FORMATS[fmt]
+    suffix, make_any_table = FORMATS[fmt]
+
+    def make_table(path: Path, columns: list[tuple[str, ColumnKind, bool]]) -> Table:
+        refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
+        return make_any_table(path, columns)
+
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401

@@ -53,3 +53,39 @@ def test_audit_commands_leave_the_log_byte_for_byte_unchanged(
     assert after[db.name] == before[db.name]
     wal = db.with_name(db.name + "-wal")
     assert not wal.exists() or wal.stat().st_size == 0
+
+
+def _onto_the_log(db: Path, how: str) -> list[str]:
+    """A `report` or `export` whose output is one of the log's own files."""
+    if how == "report onto -wal":
+        return ["report", str(db), "-o", str(db.with_name(db.name + "-wal"))]
+    if how == "report onto a hard link":
+        link = db.with_name("copy.html")
+        link.hardlink_to(db)
+        return ["report", str(db), "-o", str(link)]
+    # export: a log whose name is a table's, exported into its own folder
+    named = db.with_name("GroupReserved.jsonl")
+    db.rename(named)
+    return ["export", str(named), "-o", str(db.parent), "--format", "jsonl"]
+
+
+@pytest.mark.parametrize(
+    "how", ["report onto -wal", "report onto a hard link", "export onto a table's name"]
+)
+def test_report_and_export_refuse_to_write_over_the_log_they_read(
+    run: AuditedRun, how: str
+) -> None:
+    """A report written over `run.db-wal` lost every record committed in the WAL, one over a
+    hard link of the log replaced it with HTML, an export table named like the log overwrote
+    it while reading it."""
+    run.h.log.close()
+    db = Path(run.path)
+    argv = _onto_the_log(db, how)
+    log = Path(argv[1])
+    before = fingerprint(log)
+    result = cli(*argv)
+    assert result.exit_code == 2, result.stderr
+    assert "a read command never writes to the log it reads" in result.stderr
+    after = fingerprint(log)
+    assert {name: after[name] for name in before} == before  # (an empty -wal may appear)
+    assert cli("verify", str(log)).exit_code == 0

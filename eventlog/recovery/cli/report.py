@@ -19,7 +19,7 @@ import click
 
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
-from eventlog.cli.targets import open_log, shown_target
+from eventlog.cli.targets import open_log, refuse_writing_onto_log, shown_target
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog, stored_event
@@ -421,8 +421,7 @@ def report_command(target: str, output: Path) -> None:
             "report needs matplotlib, which is not installed",
             hint="pip install 'eventlog[audit]'",
         ) from None
-    if "://" not in target and output.resolve() == Path(target).expanduser().resolve():
-        raise CliUsageError(f"-o {output}: that is the log itself; a report never writes to it")
+    refuse_writing_onto_log(target, output)
     with open_log(target) as log:
         pic = gather(log, RunLog(log))
     if pic.stats is None or not pic.stats.by_agent_task:
