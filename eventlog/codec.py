@@ -64,10 +64,37 @@ def encode(event: Event) -> tuple[str, int, bytes]:
 
 
 def _encoding(cls: type[Event]) -> tuple[str, int, Callable[[bytes], Any]]:
+    """Looked up once per class: only a registered class with a storable schema is cached,
+    so the log never holds a record its readers would decode as another type, or whose
+    schema column no reader (or `verify`) would take for the one that was chained."""
     name = cls.__struct_config__.tag
+    shown = name if isinstance(name, str) else cls.__qualname__
+    registered = event_types().get(name) if isinstance(name, str) else None
+    if registered is not cls:
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        if registered is None:
+            raise InvalidEventError(
+                f"{shown}: event class {where} is not registered (decorate it with "
+                "@event_type): its records could not be read back"
+            )
+        raise InvalidEventError(
+            f"{shown}: event class {where} is not the class registered for {shown!r} "
+            f"({registered.__module__}.{registered.__qualname__}): its records would be "
+            "read back as that one"
+        )
+    schema = cls.schema
+    if schema.__class__ is not int or not 1 <= schema <= MAX_SCHEMA:
+        raise InvalidEventError(
+            f"{shown}: schema must be an int in 1..{MAX_SCHEMA}, found "
+            f"{type(schema).__name__} {schema!r:.40}"
+        )
     assert isinstance(name, str)
-    known = _encodings[cls] = (name, cls.schema, _decoder_for(cls).decode)
+    known = _encodings[cls] = (name, schema, _decoder_for(cls).decode)
     return known
+
+
+MAX_SCHEMA = 2**31 - 1
+"""The largest schema version a record's column holds on every backend (a 32-bit INTEGER)."""
 
 
 _encode = _encoder.encode

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
+from uuid import UUID
 
 import sqlalchemy as sa
 
@@ -228,6 +229,11 @@ class EventLog:
                         raise InvalidEventError(
                             f"stream {stream!r}: item {index} is a "
                             f"{type(event).__name__}, not an Event"
+                        )
+                    if event_id.__class__ is not UUID and not isinstance(event_id, UUID):
+                        raise InvalidEventError(
+                            f"stream {stream!r}: item {index}: a Proposed event id must be a "
+                            f"uuid.UUID, found {type(event_id).__name__} {event_id!r:.60}"
                         )
                 else:
                     raise InvalidEventError(

@@ -103,3 +103,70 @@ def test_reading_a_record_of_an_unknown_type_fails_with_its_seq(tmp_path: Path) 
             list(log.read())
         assert caught.value.seq == 2 and caught.value.type_name == "FromTheFuture"
         assert [r.type for r in log.read_records()] == ["LogNote", "FromTheFuture"]
+
+
+def test_only_the_class_registered_for_a_type_name_is_stored(log: EventLog) -> None:
+    """A class never registered, or one whose tag names another registered class, would be
+    stored as a record its readers cannot decode, or decode as the other class."""
+
+    class CodecUnregistered(Event, frozen=True, kw_only=True):
+        x: int
+
+    def impostor() -> type[Event]:
+        class LogNote(Event, frozen=True, kw_only=True):  # the tag of tests.vocabulary's
+            text: int
+
+        return LogNote
+
+    with pytest.raises(InvalidEventError, match=r"item 0: CodecUnregistered: .*is not registered"):
+        log.append("s", [CodecUnregistered(x=1)])
+    with pytest.raises(
+        InvalidEventError,
+        match=r"item 1: LogNote: .*not the class registered for 'LogNote' "
+        r"\(tests\.vocabulary\.LogNote\)",
+    ):
+        log.append("s", [LogNote(text="ok"), impostor()(text=5)])
+    assert log.head() == 0
+    assert log.append("s", [LogNote(text="ok")]).seqs == [1]  # the registered one still is
+
+
+@event_type
+class CodecSchemaBool(Event, frozen=True, kw_only=True):
+    schema: ClassVar[int] = True
+    text: str
+
+
+@event_type
+class CodecSchemaText(Event, frozen=True, kw_only=True):
+    schema = "2"  # type: ignore[assignment]
+    text: str
+
+
+@event_type
+class CodecSchemaHuge(Event, frozen=True, kw_only=True):
+    schema: ClassVar[int] = 2**63
+    text: str
+
+
+@event_type
+class CodecSchemaZero(Event, frozen=True, kw_only=True):
+    schema: ClassVar[int] = 0
+    text: str
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [CodecSchemaBool, CodecSchemaText, CodecSchemaHuge, CodecSchemaZero],
+    ids=["bool", "text", "2**63", "zero"],
+)
+def test_a_schema_no_record_can_hold_as_written_is_refused_naming_the_type(
+    log: EventLog, cls: type[CodecSchemaBool]
+) -> None:
+    """The schema column is a 32-bit INTEGER a reader compares with `==`: anything but a
+    plain int in 1..2**31-1 is stored as another value than the one chained, or not at all."""
+    with pytest.raises(
+        InvalidEventError,
+        match=rf"stream 's': item 0: {cls.__name__}: schema must be an int in 1\.\.2147483647",
+    ):
+        log.append("s", [cls(text="x")])
+    assert log.head() == 0

@@ -5,18 +5,20 @@ command: exit 1, one line, never a traceback or exit 70. PostgreSQL refuses such
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from eventlog import EventLog
+from eventlog import AppendResult, EventLog, Proposed
 from eventlog.cli.main import main
 from eventlog.errors import DamagedRecordError, InvalidEventError
 from eventlog.log import resolve_url
-from tests.reliability import drop_append_only
+from tests.reliability import drop_append_only, write_lock_held
 from tests.vocabulary import LogNote
 
 BAD_SEQ = 3
@@ -188,3 +190,77 @@ def test_a_stream_version_of_the_wrong_type_is_a_damaged_record_not_a_crash(
         assert caught.value.column == "version"
         with pytest.raises(DamagedRecordError, match="stream 's'"):
             log.versions_between(1, 5)
+
+
+# (edit of the newest record, seq 5 of stream 's'; the stream appended to; what is named)
+WRITER_EDITS = [
+    ("version = 'one'", "s", "stream 's': its newest version is TEXT"),
+    ("version = 4.5", "s", "stream 's': its newest version is REAL"),
+    ("chain = 'x'", "t", "seq 5: column chain holds TEXT"),
+    ("chain = 32", "t", "seq 5: column chain holds INTEGER"),  # bytes(32) is the genesis value
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "stream", "named"), WRITER_EDITS, ids=[e[0] for e in WRITER_EDITS]
+)
+def test_the_writer_refuses_to_build_on_a_damaged_record_and_writes_nothing(
+    tmp_path: Path, edit: str, stream: str, named: str
+) -> None:
+    """What an append reads under the write lock (the chain it links to, the version it
+    counts from) is checked as every read is: a damaged record is named, never linked
+    from, cast, or a TypeError (CLI exit 70)."""
+    path = tmp_path / "log.db"
+    with EventLog.open(path) as log:
+        log.append("s", [LogNote(text=f"n{i}", n=i) for i in range(5)])
+    with sqlite3.connect(path) as conn:
+        drop_append_only(conn)
+        conn.execute(f"UPDATE events SET {edit} WHERE seq = 5")
+    conn.close()
+    with EventLog.open(path) as log, pytest.raises(DamagedRecordError, match=named):
+        log.append(stream, [LogNote(text="x")])
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT max(seq) FROM events").fetchone() == (5,)
+    conn.close()
+
+
+def test_a_retry_of_an_id_whose_stored_record_is_damaged_is_refused_naming_the_seq(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.db"
+    event_id = uuid.uuid4()
+    with EventLog.open(path) as log:
+        log.append("s", [Proposed(LogNote(text="a"), event_id)])
+    with sqlite3.connect(path) as conn:
+        drop_append_only(conn)
+        conn.execute("UPDATE events SET payload = 'hello' WHERE seq = 1")
+    conn.close()
+    with EventLog.open(path) as log:
+        with pytest.raises(DamagedRecordError, match="seq 1: column payload holds TEXT") as caught:
+            log.append("s", [Proposed(LogNote(text="a"), event_id)])
+        assert (caught.value.seq, caught.value.column) == (1, "payload")
+        assert log.head() == 1
+
+
+def test_a_stream_with_a_damaged_version_fails_alone_in_a_group_commit(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with EventLog.open(path) as log:
+        log.append("s", [LogNote(text="a")])
+    with sqlite3.connect(path) as conn:
+        drop_append_only(conn)
+        conn.execute("UPDATE events SET version = 'one' WHERE seq = 1")
+    conn.close()
+
+    async def main(log: EventLog) -> list[object]:
+        with write_lock_held(str(path)):  # all of them queue for one commit
+            streams = ["t0", "t1", "s", "t2", "t3"]
+            appends = [log.append_async(s, [LogNote(text="x")]) for s in streams]
+            tasks = [asyncio.create_task(append) for append in appends]
+            await asyncio.sleep(0.3)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    with EventLog.open(path) as log:
+        outcomes = asyncio.run(main(log))
+        assert isinstance(outcomes.pop(2), DamagedRecordError)
+        assert all(isinstance(o, AppendResult) for o in outcomes), outcomes
+        assert [r.stream for r in log.read_records(2)] == ["t0", "t1", "t2", "t3"]

@@ -20,15 +20,19 @@ from eventlog import (
     ANY,
     NO_STREAM,
     AppendRequest,
+    AppendResult,
     ConcurrencyError,
     DuplicateEventError,
     EventLog,
+    EventLogError,
     InvalidEventError,
     LogRevisionError,
     Proposed,
+    codec,
 )
-from eventlog.log import resolve_url
+from eventlog.log import open_store, resolve_url
 from eventlog.store import migrate
+from eventlog.store.base import EXPECT_ANY, PreparedEvent, PreparedRequest
 from eventlog.store.postgres import LOCK_KEY
 from tests.reliability import drop_append_only
 from tests.vocabulary import LogNote
@@ -243,6 +247,62 @@ def test_concurrent_appenders_share_commits_and_a_bad_one_fails_alone(
     assert log.head() == 64
     assert log.commits - commits_before <= 3  # 63 appends, at most a few transactions
     assert log.verify().ok
+
+
+def test_a_chosen_id_that_is_not_a_uuid_is_refused_before_queueing_and_fails_alone(
+    log: EventLog, log_target: str
+) -> None:
+    """A Proposed id must be a uuid.UUID: anything else is the caller's mistake, named by
+    stream and item, and never reaches the writer, so a batch it would share lands."""
+    text_id = str(uuid.uuid4())
+    with pytest.raises(InvalidEventError, match=r"stream 'bad': item 1: .*uuid\.UUID, found str"):
+        log.append("bad", [LogNote(text="a"), Proposed(LogNote(text="b"), text_id)])  # type: ignore[arg-type]
+
+    appends: list[tuple[str, list[LogNote | Proposed]]] = [
+        (f"ok{i}", [LogNote(text="x")]) for i in range(10)
+    ]
+    appends.insert(5, ("bad", [Proposed(LogNote(text="b"), text_id)]))  # type: ignore[arg-type]
+
+    async def main() -> list[object]:
+        with write_lock_held(log_target):  # all of them queue for one commit
+            tasks = [asyncio.create_task(log.append_async(s, events)) for s, events in appends]
+            await asyncio.sleep(0.3)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert isinstance(outcomes.pop(5), InvalidEventError)
+    assert all(isinstance(o, AppendResult) for o in outcomes), outcomes
+    assert log.head() == 10 and log.stream_version("bad") is None
+    assert log.verify().ok
+
+
+def test_a_submission_failing_its_batch_untranslated_is_isolated_not_shared(
+    log_target: str,
+) -> None:
+    """The store isolates a culprit whatever it fails with: a batch whose transaction fails
+    with an error that is no database refusal (here a chosen id that is not a UUID, which
+    EventLog refuses before the store sees it) is retried one submission at a time, so the
+    others land once each and only the culprit fails, typed."""
+    EventLog.open(log_target).close()
+    store = open_store(log_target)
+    type_name, schema, payload = codec.encode(LogNote(text="x"))
+
+    def submission(stream: str, chosen: object = None) -> list[PreparedRequest]:
+        event = PreparedEvent(type_name, schema, payload, chosen)  # type: ignore[arg-type]
+        return [PreparedRequest(stream, EXPECT_ANY, (event,), chosen is not None)]
+
+    try:
+        outcomes = store.write(
+            [submission("a"), submission("bad", str(uuid.uuid4())), submission("b")]
+        )
+    finally:
+        store.close()
+    assert isinstance(outcomes[1], EventLogError)
+    landed = [o for o in outcomes if not isinstance(o, EventLogError)]
+    assert [result.seqs for results in landed for result in results] == [[1], [2]]
+    with EventLog.open(log_target) as log:
+        assert [r.stream for r in log.read_records()] == ["a", "b"]
+        assert log.verify().ok
 
 
 def test_asyncio_appenders_each_get_their_own_result(log: EventLog, log_target: str) -> None:

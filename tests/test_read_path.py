@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from eventlog import AppendRequest, EventLog
+from eventlog import AppendRequest, EventLog, InvalidEventError
 from eventlog.events import Event, event_type
 from tests.vocabulary import LogNote
 
@@ -96,3 +96,41 @@ def test_payload_reads_keep_only_the_types_asked_for_across_pages(log: EventLog)
     notes = list(log.read_payloads(types=["LogNote", "Nope"], page_size=2))
     assert [row[0] for row in notes] == [*range(1, 31), 38]
     assert list(log.read_payloads(types=[])) == []
+
+
+BAD_READS: dict[str, tuple[Callable[[EventLog], Iterable[object]], str]] = {
+    "read page_size=0": (lambda log: log.read(page_size=0), "page_size"),
+    "read page_size=-1": (lambda log: log.read(page_size=-1), "page_size"),
+    "read_rows page_size=0": (lambda log: log.read_rows(page_size=0), "page_size"),
+    "read_payloads page_size=0": (lambda log: log.read_payloads(page_size=0), "page_size"),
+    "backwards page_size=0": (
+        lambda log: log.read_stream_backwards("s0", page_size=0),
+        "page_size",
+    ),
+    "read_stream from 2**63": (lambda log: log.read_stream("s0", 2**63), "from_version"),
+    "read_stream from -2**63-1": (lambda log: log.read_stream("s0", -(2**63) - 1), "from_version"),
+    "backwards before 2**63": (
+        lambda log: log.read_stream_backwards("s0", 2**63),
+        "before_version",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_READS)
+def test_a_page_below_one_record_or_a_version_no_stream_reaches_is_an_input_error(
+    log: EventLog, case: str
+) -> None:
+    """A page of no records would never move on, and a version beyond a 64-bit integer
+    is no driver's to bind: both are the caller's mistake, named, not an IndexError or
+    OverflowError from inside the store."""
+    read, named = BAD_READS[case]
+    with pytest.raises(InvalidEventError, match=named):
+        list(read(log))
+
+
+def test_the_smallest_page_and_the_widest_versions_still_read(log: EventLog) -> None:
+    assert [r.seq for r in log.read(page_size=1)] == list(range(1, 31))
+    assert [r.version for r in log.read_stream_backwards("s0", page_size=1)][:2] == [9, 8]
+    assert list(log.read_stream("s0", 2**63 - 1)) == []
+    assert len(list(log.read_stream("s0", -(2**63) + 1))) == 10
+    assert len(list(log.read_stream_backwards("s0", 2**63 - 1))) == 10

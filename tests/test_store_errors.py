@@ -5,6 +5,7 @@ to exit 6 with one line and no traceback."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,34 @@ def test_a_held_write_lock_fails_a_lone_append_typed_within_the_busy_timeout(
         assert exit_code_for(caught.value) == ExitCode.DATABASE
         assert log.head() == 1  # nothing of the failed append landed
         assert log.append("s", [LogNote(text="after")]).seqs == [2]  # and the log goes on
+
+
+def test_a_busy_timeout_of_zero_fails_an_append_at_once_rather_than_never(
+    log_target: str,
+) -> None:
+    """0 s means "do not wait": PostgreSQL's lock_timeout = 0 means the opposite (wait
+    forever), so the store never sends it. The append runs in a thread: a wait without end
+    cannot be interrupted in the driver, so the test gives up on it and lets the lock go."""
+    outcome: list[object] = []
+
+    def append(log: EventLog) -> None:
+        try:
+            outcome.append(log.append("s", [LogNote(text="blocked")]))
+        except Exception as exc:
+            outcome.append(exc)
+
+    with EventLog.open(log_target, busy_timeout=0) as log:
+        with write_lock_held(log_target):
+            started = time.monotonic()
+            appender = threading.Thread(target=append, args=(log,))
+            appender.start()
+            appender.join(timeout=10)
+            elapsed = time.monotonic() - started
+        appender.join(timeout=30)  # the lock is free: an append still waiting lands now
+        assert elapsed < 5.0, f"an append with busy_timeout=0 waited {elapsed:.1f} s"
+        assert len(outcome) == 1 and isinstance(outcome[0], StorageUnavailableError), outcome
+        assert log.head() == 0
+        assert log.append("s", [LogNote(text="after")]).seqs == [1]
 
 
 def test_a_held_write_lock_fails_every_caller_of_a_batch_once_not_one_by_one(

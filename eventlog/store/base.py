@@ -214,9 +214,10 @@ class SqlStore:
         """Commit every valid submission in one transaction; return one outcome each.
 
         A storage error raises the same typed error whether the batch held one submission or
-        many. Only a refusal tied to one submission's rows (a constraint, a value the database
-        rejects) is retried one submission at a time, to isolate the culprit; a lock held past
-        the busy timeout, a lost connection or a full disk fails the whole batch once.
+        many. Only a failure that may be one submission's (a constraint, a value the database
+        or the driver rejects, a damaged record of one stream) is retried one submission at a
+        time, to isolate the culprit; a lock held past the busy timeout, a lost connection or a
+        full disk fails the whole batch once.
 
         `assume`: streams the writer does not know, appended to once with NO_STREAM, are
         taken to be new without a version read; the unique (stream, version) index refuses
@@ -225,18 +226,33 @@ class SqlStore:
         """
         try:
             return self._write_once(submissions, assume)
+        except DamagedRecordError as exc:
+            # A damaged record (of one stream, most often) is not every submission's concern.
+            if len(submissions) == 1:
+                raise
+            log.warning("batch of %d failed (%s); retrying one by one", len(submissions), exc)
         except EventLogError:
             raise
         except Exception as exc:
             typed = translate(exc, self.target)
             if typed is None:
-                raise
-            if self._assumed and isinstance(typed, StorageIntegrityError):
-                log.debug("a stream taken to be new exists (%s); planning again", typed)
-                return self.write(submissions, assume=False)
-            if len(submissions) == 1 or isinstance(typed, _WHOLE_BATCH_FAILURES):
-                raise typed from exc
-            log.warning("batch of %d failed (%s); retrying one by one", len(submissions), typed)
+                # Not the database's refusal but something one submission brought (a value
+                # no driver can bind): only one by one tells whose, so never fail them all.
+                if len(submissions) == 1:
+                    raise
+                log.warning(
+                    "batch of %d failed (%s: %s); retrying one by one",
+                    len(submissions),
+                    type(exc).__name__,
+                    exc,
+                )
+            else:
+                if self._assumed and isinstance(typed, StorageIntegrityError):
+                    log.debug("a stream taken to be new exists (%s); planning again", typed)
+                    return self.write(submissions, assume=False)
+                if len(submissions) == 1 or isinstance(typed, _WHOLE_BATCH_FAILURES):
+                    raise typed from exc
+                log.warning("batch of %d failed (%s); retrying one by one", len(submissions), typed)
         outcomes: list[Outcome] = []
         for index, submission in enumerate(submissions):
             try:
@@ -357,12 +373,12 @@ class SqlStore:
             else []
         )
         last = tail.fetchone()
-        head, last_chain = (last[0], bytes(last[1])) if last else (0, chain.GENESIS)
+        head, last_chain = _checked_tail(last) if last else (0, chain.GENESIS)
         versions: dict[str, int | None] = dict.fromkeys(missing)
         if assumed:
             versions.update(dict.fromkeys(assumed))
         for read in version_reads:
-            versions.update(read.fetchall())
+            _update_versions(versions, read.fetchall())
         if head == self._known_head:
             versions.update({stream: known[stream] for stream in streams if stream in known})
         else:  # another writer appended (or a commit failed): what we cached may be stale
@@ -370,18 +386,11 @@ class SqlStore:
             stale = [stream for stream in streams if stream in known]
             versions.update(dict.fromkeys(stale))
             for read in [self._query(dbapi, _VERSIONS_SQL, chunk) for chunk in _chunks(stale)]:
-                versions.update(read.fetchall())
+                _update_versions(versions, read.fetchall())
         placed: dict[bytes, _Placed] = {}
         for read in id_reads:
-            for event_id, *where in read.fetchall():
-                placed[bytes(event_id)] = (
-                    where[0],
-                    where[1],
-                    where[2],
-                    where[3],
-                    where[4],
-                    bytes(where[5]),
-                )
+            for row in read.fetchall():
+                placed[bytes(row[0])] = _checked_placed(row)
         return _Batch(
             head=head, last_chain=last_chain, versions=versions, placed=placed, assumed=assumed
         )
@@ -735,6 +744,7 @@ class SqlStore:
         """The rows of `select` (its first column the seq) from `from_seq` on that match
         the filters given, in seq order, `page_size` at a time: the one paging of
         `read_rows` and `read_payloads`."""
+        _check_page_size(page_size)
         where = [_SEQ_FROM]
         params: list[Any] = []
         lists: list[int] = []
@@ -813,6 +823,8 @@ class SqlStore:
         self, stream: str, from_version: int = 0, page_size: int = 1000
     ) -> Iterator[RecordRow]:
         """`read_stream` as checked rows."""
+        _check_version("from_version", from_version)
+        _check_page_size(page_size)
         sql = self._sql(_STREAM_FORWARDS)
         next_version = from_version
         while True:
@@ -834,6 +846,9 @@ class SqlStore:
         self, stream: str, before_version: int | None = None, page_size: int = 100
     ) -> Iterator[RecordRow]:
         """`read_stream_backwards` as checked rows."""
+        if before_version is not None:
+            _check_version("before_version", before_version)
+        _check_page_size(page_size)
         sql = self._sql(_STREAM_BACKWARDS_SQL)
         upper = _NO_VERSION_LIMIT if before_version is None else before_version
         while True:
@@ -905,6 +920,27 @@ def _check_seq(name: str, value: int | None) -> None:
     if value is not None and not -MAX_SEQ <= value <= MAX_SEQ:
         raise InvalidEventError(
             f"{name} {value} is beyond the largest seq a log can hold ({MAX_SEQ})"
+        )
+
+
+def _check_version(name: str, value: int) -> None:
+    """A version bound is an int a stream can reach (as `_check_seq` bounds a seq)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_SEQ <= value <= MAX_SEQ:
+        raise InvalidEventError(
+            f"{name} must be an int in -{MAX_SEQ}..{MAX_SEQ} (no stream's version is beyond "
+            f"them), found {value!r:.40}"
+        )
+
+
+def _check_page_size(page_size: int) -> None:
+    """A page holds at least one record, or paging would never move on."""
+    if (
+        isinstance(page_size, bool)
+        or not isinstance(page_size, int)
+        or not 1 <= page_size <= MAX_SEQ
+    ):
+        raise InvalidEventError(
+            f"page_size must be an int in 1..{MAX_SEQ}, found {page_size!r:.40}"
         )
 
 
@@ -1097,6 +1133,42 @@ def _stored_version(stream: str, version: object) -> int:
         seq=0,
         column="version",
     )
+
+
+def _checked_tail(row: Sequence[Any]) -> tuple[int, bytes]:
+    """The newest seq and chain the writer links to, as stored: a chain of another storage
+    type would be linked from (INTEGER 32 is `bytes(32)`, the genesis value) or crash."""
+    seq, link = row
+    if type(seq) is not int:
+        raise _damaged(seq, "seq", seq)
+    if not isinstance(link, _BINARY):
+        raise _damaged(seq, "chain", link)
+    return seq, bytes(link)
+
+
+def _update_versions(versions: dict[str, int | None], rows: Sequence[Sequence[Any]]) -> None:
+    """`versions` with each (stream, max(version)) row read under the write lock, checked:
+    SQLite's max() returns an edited value as it is, and a version planned from a real
+    would be stored as one."""
+    for stream, version in rows:
+        versions[stream] = version if type(version) is int else _stored_version(stream, version)
+
+
+def _checked_placed(row: Sequence[Any]) -> _Placed:
+    """Where a chosen id is stored (event_id, stream, seq, version, type, schema,
+    payload), checked before a retry is compared with it or answered from it."""
+    _, stream, seq, version, type_name, schema, payload = row
+    for column, value, expected in (
+        ("seq", seq, int),
+        ("stream", stream, str),
+        ("version", version, int),
+        ("type", type_name, str),
+        ("schema", schema, int),
+        ("payload", payload, _BINARY),
+    ):
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise _damaged(seq, column, value)
+    return (stream, seq, version, type_name, schema, bytes(payload))
 
 
 def _damaged(seq: object, column: str, value: object) -> DamagedRecordError:

@@ -82,7 +82,9 @@ class PostgresDialect:
         return self._engine(pool_size=4, max_overflow=16, writer=False)
 
     def _engine(self, *, pool_size: int, max_overflow: int, writer: bool) -> Engine:
-        settings = [f"SET lock_timeout = {int(self.busy_timeout_ms)}"]
+        # lock_timeout = 0 waits forever: a busy timeout of 0 (fail at once) is the shortest
+        # wait PostgreSQL has, 1 ms.
+        settings = [f"SET lock_timeout = {max(1, int(self.busy_timeout_ms))}"]
         if self.schema is not None:  # the run's tables, and only those, are visible
             settings.append(f'SET search_path TO "{self.schema}"')
         if writer and self.durability == "normal":
