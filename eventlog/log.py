@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from eventlog import codec, collector
-from eventlog.errors import InvalidEventError, LogClosedError
+from eventlog.errors import InputError, InvalidEventError, LogClosedError
 from eventlog.events import Event
 from eventlog.ids import uuid_from_bytes
 from eventlog.records import (
@@ -52,10 +53,21 @@ def resolve_url(target: str | Path) -> sa.URL:
     text = str(target)
     if "://" not in text:
         return sa.make_url(f"sqlite:///{Path(text).expanduser().resolve()}")
-    url = sa.make_url(text)
+    try:
+        url = sa.make_url(text)
+        url.port  # noqa: B018  (a port that is not a number raises here, not at connect)
+    except (sa.exc.ArgumentError, ValueError) as exc:
+        raise InputError(f"{_without_password(text)}: not a log location ({exc})") from None
+    if url.drivername.startswith("sqlite") and not url.database:
+        raise InputError(f"{text}: an SQLite URL needs a file (sqlite:///path/to/run.db)")
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
     return url
+
+
+def _without_password(text: str) -> str:
+    """A URL as an error shows it: `user:secret@` becomes `user:***@`."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)
 
 
 DEFAULT_BUSY_TIMEOUT = 60.0

@@ -27,7 +27,7 @@ from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.replay import Marker
-from eventlog.cli.targets import open_log, refuse_writing_onto_log
+from eventlog.cli.targets import open_log, refuse_writing_onto_log, writing_output
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import raw_data
 from eventlog.errors import SchemaError
@@ -322,7 +322,7 @@ def export(target: str, fmt: str, output: Path) -> None:
             ) from None
     if output.exists() and not output.is_dir():
         raise CliUsageError(f"{output}: exists and is not a folder")
-    with open_log(target) as log, collector.paused():
+    with writing_output(output), open_log(target) as log, collector.paused():
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
         # texts), freed by their reference counts; collections scanning them were a third of
         # the command's CPU.

@@ -81,6 +81,11 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            _require_text(arg)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -128,6 +133,16 @@ def _silence_stdout() -> None:
         pass
 
 
+def _require_text(arg: str) -> None:
+    """An argument must be text: bytes that are not UTF-8 reach Python as surrogates, which
+    no database driver, URL or file name encoder takes (they ended in exit 70)."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = arg.encode("utf-8", "surrogateescape")
+        raise click.UsageError(f"argument {shown!r} is not UTF-8 text") from None
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split()) or "(no message)"
 
@@ -173,4 +188,9 @@ def main(debug: bool, events_modules: tuple[str, ...], run: str | None) -> None:
             raise CliUsageError(
                 f"--events-module {name}: cannot import it ({exc})",
                 hint="check the module name and that it is on PYTHONPATH",
+            ) from exc
+        except Exception as exc:  # its own code failed (a relative name, a syntax error)
+            raise CliUsageError(
+                f"--events-module {name}: importing it failed: {type(exc).__name__}: {exc}",
+                hint="rerun with --debug for the module's traceback",
             ) from exc

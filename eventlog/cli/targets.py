@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -72,6 +74,17 @@ def refuse_writing_onto_log(target: str, output: Path) -> None:
                 f"{output}: that is the log's own file {beside.name}; a read command never "
                 "writes to the log it reads"
             )
+
+
+@contextmanager
+def writing_output(output: Path) -> Iterator[None]:
+    """Writing `output` (a report's file, an export's folder): a path that cannot be written
+    (a missing or non-folder parent, a read-only or full disk) is one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CliUsageError(f"{output}: cannot write it: {reason}") from exc
 
 
 BUSY_TIMEOUT_ENV = "EVENTLOG_BUSY_TIMEOUT"

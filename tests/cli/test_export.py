@@ -246,3 +246,18 @@ def test_typed_columns_are_each_rows_field_as_json_text_or_null() -> None:
     assert typed_columns(CliMeasured, data[:2]) == {k: v[:2] for k, v in expected.items()}
     one = [{"text": "ab"}, {"text": "\u00e9"}]
     assert typed_columns(_OneField, one) == {"text": ["ab", "\u00e9"]}
+
+
+@pytest.mark.parametrize("where", ["inside the log file", "a table name is a folder"])
+def test_an_output_that_cannot_be_written_is_one_line_naming_it(
+    run: AuditedRun, tmp_path: Path, where: str
+) -> None:
+    if where == "inside the log file":
+        out = Path(run.path) / "export"
+    else:
+        out = tmp_path / "export"
+        (out / "records.jsonl").mkdir(parents=True)
+    result = cli("export", run.path, "-o", str(out), "--format", "jsonl")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: ") and "cannot write it" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -4,6 +4,8 @@ installed entry point (a real process), and the same behaviour on every backend.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,42 @@ def test_the_commands_work_the_same_on_every_backend(log_target: str) -> None:
     )
     assert conflict.exit_code == 4
     assert conflict.stderr == "error: stream 'group/g1': expected no stream, found version 1\n"
+
+
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [
+        ("sqlite://", "an SQLite URL needs a file"),
+        ("://", "not a log location"),
+        ("postgresql://u:secret@h:notaport/db", "not a log location"),
+    ],
+)
+def test_a_target_that_is_no_log_location_is_an_input_error(target: str, said: str) -> None:
+    result = cli("info", target)
+    assert result.exit_code == 2, result.stderr
+    assert said in result.stderr and "Traceback" not in result.stderr
+    assert "secret" not in result.stderr
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
+    not_text = os.fsdecode(b"x\xff.db")  # what Python makes of such bytes in argv
+    for argv in (["info", not_text], ["replay", str(tmp_path / "a.db"), "--group", not_text]):
+        result = cli(*argv)
+        assert result.exit_code == 2, result.output
+        assert "is not UTF-8 text" in result.output
+
+
+def test_an_events_module_that_fails_to_import_is_named(tmp_path: Path) -> None:
+    broken = tmp_path / "broken_events.py"
+    broken.write_text("raise RuntimeError('half written')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for name, said in [
+            ("broken_events", "RuntimeError: half written"),
+            (".relative", "importing it failed: TypeError"),
+        ]:
+            result = cli("--events-module", name, "info", str(tmp_path / "a.db"))
+            assert result.exit_code == 2, result.stderr
+            assert f"--events-module {name}: " in result.stderr and said in result.stderr
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -91,7 +91,7 @@ def test_report_refuses_to_write_over_the_log(run: AuditedRun) -> None:
     before = Path(run.path).read_bytes()
     result = cli("report", run.path, "-o", run.path)
     assert result.exit_code == 2
-    assert result.stderr.splitlines()[0].endswith("a report never writes to it")
+    assert result.stderr.splitlines()[0].endswith("a read command never writes to the log it reads")
     assert Path(run.path).read_bytes() == before
 
 
@@ -115,3 +115,14 @@ def test_the_gantt_ends_a_group_only_when_its_leaving_counts() -> None:
     watch[GroupFinalized](finalized, 30, True)
     assert pic.groups == {"g1": (10, 30), "g2": (11, None)}
     assert watch[GroupDiscarded] is watch[GroupFinalized]
+
+
+def test_a_report_path_that_cannot_be_written_is_one_line_naming_it(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    out = tmp_path / "missing" / "run.html"
+    result = cli("report", run.path, "-o", str(out))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.splitlines()[0] == (
+        f"error: {out}: cannot write it: No such file or directory"
+    )

@@ -19,7 +19,12 @@ import click
 
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
-from eventlog.cli.targets import open_log, refuse_writing_onto_log, shown_target
+from eventlog.cli.targets import (
+    open_log,
+    refuse_writing_onto_log,
+    shown_target,
+    writing_output,
+)
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog, stored_event
@@ -427,5 +432,6 @@ def report_command(target: str, output: Path) -> None:
     if pic.stats is None or not pic.stats.by_agent_task:
         raise CliUsageError(f"{shown_target(target)}: no rollout-recovery records to plot")
     page = render(target, pic)
-    output.write_text(page, encoding="utf-8")
+    with writing_output(output):
+        output.write_text(page, encoding="utf-8")
     stdout_console().print(f"wrote {output} ({len(page) / 1024:,.0f} KiB, {len(PLOTS)} plots)")
