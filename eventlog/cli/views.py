@@ -188,9 +188,15 @@ def summary(data: Any) -> str:
         return "" if data is None else json_line(data)
     parts = []
     for key, value in data.items():
-        shown = value if isinstance(value, str) else json_line(value)
+        shown = value if isinstance(value, str) and value.isprintable() else json_line(value)
         parts.append(f"{key}={shown}")
     return " ".join(parts)
+
+
+def printable(text: str) -> str:
+    """`text` as it is, or JSON-quoted when it holds a control character: a stored value must
+    not reach a terminal as an escape sequence, nor split a record's line in a pipe."""
+    return text if text.isprintable() else json_line(text)
 
 
 class RecordLines:
@@ -252,7 +258,7 @@ class RecordLines:
         self.rows.clear()
 
     def _cells(self, view: RecordView) -> tuple[str, str, str, str, str, str]:
-        stream, type_label = view.stream, self._type_label(view)
+        stream, type_label = printable(view.stream), printable(self._type_label(view))
         if self.styled:
             stream = _ellipsis(stream, self.stream_width)
             type_label = _ellipsis(type_label, self.type_width)

@@ -109,3 +109,20 @@ def test_a_future_schema_fails_replay_naming_seq_and_type_unless_allowed(log_fil
     shown = json_lines(cli("replay", log_file, "--json", "--allow-unknown").stdout)
     assert shown[1]["data"] == {"text": "new", "mood": "good"}
     assert shown[1]["schema"] == 7
+
+
+def test_control_characters_in_stored_values_are_quoted_not_sent_to_the_terminal(
+    log_file: str,
+) -> None:
+    """An audit shows hostile values as data: an escape sequence in a stream or a field
+    reached the terminal raw (clear screen, colours), and a newline split one record's line."""
+    from tests.cli.helpers import line, lines
+
+    stream, text = "w/\x1b[2J\nnew\tline", "a\nb\x1b[31mred"
+    appended = cli("append", log_file, input=lines(line(stream, "CliNote", {"text": text})))
+    assert appended.exit_code == 0, appended.stderr
+    result = cli("replay", log_file)
+    assert result.exit_code == 0, result.stderr
+    (row,) = result.stdout.splitlines()[1:]  # the header, then one line for the record
+    assert "\x1b" not in row and "\t" not in row
+    assert '"w/\\u001b[2J\\nnew\\tline"' in row and 'text="a\\nb\\u001b[31mred"' in row
