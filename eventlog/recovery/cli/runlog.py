@@ -18,7 +18,7 @@ from eventlog import codec
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.replay import Selection
 from eventlog.cli.views import Mark
-from eventlog.errors import SchemaError
+from eventlog.errors import FutureSchemaError, SchemaError, UnknownEventTypeError
 from eventlog.log import EventLog, decode_record
 from eventlog.records import Record, RecordedEvent
 from eventlog.recovery.vocabulary import (
@@ -35,10 +35,12 @@ from projections.history import RolledBack, effective_checkpoints, rolled_back
 
 
 def decoded(record: Record) -> RecordedEvent | None:
-    """The record decoded, or None for an unknown type or a newer schema (counted, not audited)."""
+    """The record decoded, or None for an unknown type or a newer schema (counted, not
+    audited). A known type whose payload does not decode fails closed, naming its seq: a
+    group view that skipped it showed the group without its reservation, exit 0."""
     try:
         return decode_record(record)
-    except SchemaError:
+    except (UnknownEventTypeError, FutureSchemaError):
         return None
 
 
