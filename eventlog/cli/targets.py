@@ -36,10 +36,15 @@ def shown_target(target: str) -> str:
 
 def require_existing(target: str) -> None:
     """Refuse a file path that does not exist, instead of creating an empty database there."""
-    if "://" not in target and not Path(target).expanduser().exists():
+    if "://" in target:
+        return
+    path = Path(target).expanduser()
+    if not path.exists():
         raise CliUsageError(
             f"{target}: no such file", hint=f"create a log with `eventlog init {target}`"
         )
+    if path.is_dir():  # SQLite says only "disk I/O error" (exit 6) of a folder
+        raise CliUsageError(f"{target}: is a folder, not a log file")
 
 
 def require_parent(target: str) -> None:

@@ -218,3 +218,10 @@ def test_an_events_module_that_fails_to_import_is_named(tmp_path: Path) -> None:
             assert f"--events-module {name}: " in result.stderr and said in result.stderr
     finally:
         sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.parametrize("command", ["replay", "verify", "info", "stats"])
+def test_a_folder_as_the_target_is_named_as_one(tmp_path: Path, command: str) -> None:
+    result = cli(command, str(tmp_path))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.splitlines()[0] == f"error: {tmp_path}: is a folder, not a log file"
