@@ -15,13 +15,18 @@ Pauses that keep overlapping (threads appending back to back, each waiting for a
 commit) would never all end, and the whole process, training code included, would run with
 the collector off for as long as they last. So a stretch of overlapping pauses has a bound:
 once it has kept the collector off for `MAX_OFF_S`, the next pause or resume switches it on
-again, and it stays on until that stretch has ended (the next stretch pauses afresh).
+again, and it stays on until that stretch has ended (the next stretch pauses afresh). One
+pause can last long too (an append waiting up to its busy timeout for another process's
+write lock), with no pause or resume to apply the bound: a daemon thread, started by the
+first pause, applies it twice per `MAX_OFF_S` (it costs the append path nothing), except
+while a pause that is long by its own work lasts (`paused(long=True)`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -33,12 +38,45 @@ _lock = threading.Lock()
 _pauses = 0
 _was_enabled = False
 _off_since = 0.0
+_long = 0
+"""Pauses of a whole restore, rebuild fold or export (`paused(long=True)`): their length is
+their work's, not a wait, so the watchdog leaves them be."""
+_watching = False
+"""Whether this process's watchdog thread runs (a forked child starts its own)."""
+
+
+def _watch() -> None:
+    """Apply the bound to a pause that outlasts it with no pause or resume meanwhile."""
+    while True:
+        time.sleep(MAX_OFF_S / 2)
+        with _lock:
+            if _pauses and not _long:
+                _bounded()
+
+
+def _start_watching() -> None:
+    global _watching
+    _watching = True
+    threading.Thread(target=_watch, name="eventlog-collector-bound", daemon=True).start()
+
+
+def _forked() -> None:
+    """A child of fork has none of its parent's threads: its own watchdog, and a lock no
+    parent thread can have been holding. A pause a parent thread held never ends here; the
+    watchdog switches the collector on again after the bound."""
+    global _watching, _lock
+    _watching, _lock = False, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def pause() -> None:
     """Begin a pause; every `pause` must be ended by one `resume` (in a `finally`)."""
     global _pauses, _was_enabled, _off_since
     with _lock:
+        if not _watching:
+            _start_watching()
         if _pauses == 0:
             _was_enabled = gc.isenabled()
             if _was_enabled:
@@ -67,10 +105,20 @@ def _bounded() -> None:
 
 
 @contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """No cyclic garbage collection inside (nor while another thread's pause lasts)."""
+def paused(*, long: bool = False) -> Iterator[None]:
+    """No cyclic garbage collection inside (nor while another thread's pause lasts).
+
+    `long`: the block is long by its own work (a restore, a rebuild, an export), not by
+    waiting: the watchdog does not switch the collector on while it lasts."""
+    global _long
     pause()
+    if long:
+        with _lock:
+            _long += 1
     try:
         yield
     finally:
+        if long:
+            with _lock:
+                _long -= 1
         resume()

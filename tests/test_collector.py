@@ -111,3 +111,49 @@ def test_threads_appending_back_to_back_leave_the_collector_on_now_and_then(
         for thread in threads:
             thread.join()
     assert any(seen) and not all(seen)
+
+
+def test_one_pause_that_outlasts_the_bound_switches_it_on_again_by_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An append waiting up to its busy timeout for another process's write lock holds one
+    pause, with no pause or resume to apply the bound: the collector came on only when the
+    wait ended (seen off for 3 s of a 3 s wait). The watchdog thread applies the bound."""
+    monkeypatch.setattr(collector, "MAX_OFF_S", 0.1)
+    with collector.paused():
+        assert not gc.isenabled()
+        deadline = time.monotonic() + 2.0
+        while not gc.isenabled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gc.isenabled()
+
+
+def test_an_append_waiting_for_another_process_s_lock_leaves_the_collector_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.reliability import write_lock_held
+
+    monkeypatch.setattr(collector, "MAX_OFF_S", 0.1)
+    path = tmp_path / "run.db"
+    with EventLog.open(path, busy_timeout=10) as log:
+        log.append("s", [LogNote(text="first")])
+        with write_lock_held(str(path)):
+            waiting = threading.Thread(target=log.append, args=("s", [LogNote(text="x")]))
+            waiting.start()
+            time.sleep(1.0)
+            on = gc.isenabled()
+        waiting.join(timeout=10)
+        assert on and not waiting.is_alive()
+        assert log.head() == 2
+
+
+def test_a_pause_long_by_its_own_work_is_left_alone_by_the_watchdog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore or a rebuild fold pauses for its whole length on purpose (collections
+    rescanning the heap were most of a restore's time): the watchdog does not end it."""
+    monkeypatch.setattr(collector, "MAX_OFF_S", 0.05)
+    with collector.paused(long=True):
+        time.sleep(0.5)
+        assert not gc.isenabled()
+    assert gc.isenabled()

@@ -322,7 +322,7 @@ def export(target: str, fmt: str, output: Path) -> None:
             ) from None
     if output.exists() and not output.is_dir():
         raise CliUsageError(f"{output}: exists and is not a folder")
-    with writing_output(output), open_log(target) as log, collector.paused():
+    with writing_output(output), open_log(target) as log, collector.paused(long=True):
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
         # texts), freed by their reference counts; collections scanning them were a third of
         # the command's CPU.

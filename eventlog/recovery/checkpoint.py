@@ -165,7 +165,7 @@ def fold_records(
     # Pages of rows, their events and the values the fold builds are acyclic and freed by
     # their reference counts; collections meanwhile only rescanned and promoted them (about
     # a sixth of a 10^6-record rebuild in a process that imported torch).
-    with collector.paused():
+    with collector.paused(long=True):
         for seq, type_name, schema, _, payload in rows:
             if skipped and seq in skipped:
                 continue

@@ -292,7 +292,7 @@ def prepare_restore(
     builds is tens of thousands of acyclic values, and each collection they triggered
     rescanned the whole process heap (torch's included) — most of a restore's time.
     """
-    with collector.paused():
+    with collector.paused(long=True):
         return _prepare_restore(
             log, data_plane, partition, dataset, step, training_partition=training_partition
         )
