@@ -159,3 +159,37 @@ def test_the_writer_does_not_log_a_traceback_for_a_typed_storage_error(
     ):
         asyncio.run(log.append_async("s", [LogNote(text="x")]))
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+@pytest.mark.postgres
+def test_a_lost_listener_connection_is_a_typed_error_and_the_next_wait_listens_again(
+    fresh_postgres_url: str,
+) -> None:
+    """After a server restart (here: the listener's backend terminated) a subscriber got the
+    raw driver error, and every later wait failed at once on the dead connection."""
+    import psycopg
+
+    from tests.reliability import libpq_url
+
+    with EventLog.open(fresh_postgres_url) as log:
+        log.wait_for_append(0, timeout=0.01)  # listening now
+        with psycopg.connect(libpq_url(fresh_postgres_url), autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+            )
+        with pytest.raises(StorageUnavailableError):
+            log.wait_for_append(0, timeout=1.0)
+        woke: list[float] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            log.wait_for_append(log.head(), timeout=10.0)
+            woke.append(time.monotonic() - started)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.5)
+        log.append("s", [LogNote(text="x")])
+        waiter.join(timeout=10)
+        assert woke and woke[0] < 5.0  # notified on a new connection, not timed out

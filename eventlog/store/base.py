@@ -893,7 +893,8 @@ class SqlStore:
         return (int(row[0]), bytes(row[1])) if row else None
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
-        self.dialect.wait_for_append(after_seq, timeout)
+        with translating(self.target):
+            self.dialect.wait_for_append(after_seq, timeout)
 
     def backup(self, dest: Path) -> None:
         """A consistent copy of the log in a new file, taken while writers go on."""

@@ -138,11 +138,23 @@ class PostgresDialect:
                 conninfo = self.url.set(drivername="postgresql").render_as_string(
                     hide_password=False
                 )
-                self._listener = psycopg.connect(conninfo, autocommit=True)
+                connect_s = max(1, round(self.busy_timeout_ms / 1000))  # libpq: whole seconds
+                self._listener = psycopg.connect(
+                    conninfo, autocommit=True, connect_timeout=connect_s
+                )
                 self._listener.execute(f'LISTEN "{self._channel}"')
             listener = self._listener
-        for _ in listener.notifies(timeout=timeout, stop_after=1):
-            break
+        try:
+            for _ in listener.notifies(timeout=timeout, stop_after=1):
+                break
+        except psycopg.Error:
+            # A lost connection (a server restart): the next wait listens afresh, and this
+            # caller gets the typed error (SqlStore.wait_for_append translates it).
+            with self._listener_lock:
+                if self._listener is listener:
+                    self._listener = None
+            listener.close()
+            raise
 
     def backup(self, engine: Engine, dest: Path) -> None:
         """The documented recipe: `pg_dump --format=custom` of the whole database (tables,
