@@ -222,8 +222,8 @@ class EventLog:
                 code = expected
             elif isinstance(expected, StreamState):
                 code = EXPECT_NO_STREAM if expected is NO_STREAM else EXPECT_ANY
-            elif isinstance(expected, int) and expected >= 0:
-                code = int(expected)
+            elif isinstance(expected, int) and expected >= 0 and expected.__class__ is not bool:
+                code = int(expected)  # an int subclass (numpy's); a bool is no version
             else:
                 raise InvalidEventError(
                     f"stream {stream!r}: expected_version must be NO_STREAM, ANY or a "

@@ -187,6 +187,9 @@ def test_invalid_items_are_rejected_before_anything_is_written(log: EventLog) ->
         log.append("", notes("x"))
     with pytest.raises(InvalidEventError, match="expected_version"):
         log.append("s", notes("x"), -1)
+    for flag in (False, True):  # bools are ints to Python, not versions
+        with pytest.raises(InvalidEventError, match="expected_version"):
+            log.append("s", notes("x"), flag)
     assert log.head() == 0
 
 
