@@ -171,12 +171,8 @@ def test_the_payload_read_of_audits_raises_damaged_record_error_with_the_seq(
         assert [row[0] for row in log.read_payloads(until_seq=BAD_SEQ - 1)] == [1, 2]
 
 
-@pytest.mark.parametrize("edit", ["version = 'one'", "version = 4.5"])
-def test_a_stream_version_of_the_wrong_type_is_a_damaged_record_not_a_crash(
-    tmp_path: Path, edit: str
-) -> None:
-    """The batched version reads (restore, rebuild) take max(version), which SQLite returns
-    as the edited value itself: text or a real must be named, never cast or crash."""
+def _five_notes_edited(tmp_path: Path, edit: str) -> Path:
+    """A log of five notes on stream 's' whose newest record (seq 5) was edited by `edit`."""
     path = tmp_path / "log.db"
     with EventLog.open(path) as log:
         log.append("s", [LogNote(text=f"n{i}", n=i) for i in range(5)])
@@ -184,6 +180,16 @@ def test_a_stream_version_of_the_wrong_type_is_a_damaged_record_not_a_crash(
         drop_append_only(conn)
         conn.execute(f"UPDATE events SET {edit} WHERE seq = 5")
     conn.close()
+    return path
+
+
+@pytest.mark.parametrize("edit", ["version = 'one'", "version = 4.5"])
+def test_a_stream_version_of_the_wrong_type_is_a_damaged_record_not_a_crash(
+    tmp_path: Path, edit: str
+) -> None:
+    """The batched version reads (restore, rebuild) take max(version), which SQLite returns
+    as the edited value itself: text or a real must be named, never cast or crash."""
+    path = _five_notes_edited(tmp_path, edit)
     with EventLog.open(path) as log:
         with pytest.raises(DamagedRecordError, match="stream 's'") as caught:
             log.stream_versions(["s"])
@@ -210,13 +216,7 @@ def test_the_writer_refuses_to_build_on_a_damaged_record_and_writes_nothing(
     """What an append reads under the write lock (the chain it links to, the version it
     counts from) is checked as every read is: a damaged record is named, never linked
     from, cast, or a TypeError (CLI exit 70)."""
-    path = tmp_path / "log.db"
-    with EventLog.open(path) as log:
-        log.append("s", [LogNote(text=f"n{i}", n=i) for i in range(5)])
-    with sqlite3.connect(path) as conn:
-        drop_append_only(conn)
-        conn.execute(f"UPDATE events SET {edit} WHERE seq = 5")
-    conn.close()
+    path = _five_notes_edited(tmp_path, edit)
     with EventLog.open(path) as log, pytest.raises(DamagedRecordError, match=named):
         log.append(stream, [LogNote(text="x")])
     with sqlite3.connect(path) as conn:

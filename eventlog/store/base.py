@@ -1081,15 +1081,14 @@ def _checked_payload(row: Sequence[Any]) -> PayloadRow:
         and type(row) is tuple
     ):
         return row
-    for column, value, expected in (
+    _require_columns(
+        seq,
         ("seq", seq, int),
         ("type", type_name, str),
         ("schema", schema, int),
         ("recorded_at", recorded_at, int),
         ("payload", payload, _BINARY),
-    ):
-        if not isinstance(value, expected) or isinstance(value, bool):
-            raise _damaged(seq, column, value)
+    )
     return (seq, type_name, schema, recorded_at, bytes(payload))
 
 
@@ -1159,17 +1158,25 @@ def _checked_placed(row: Sequence[Any]) -> _Placed:
     """Where a chosen id is stored (event_id, stream, seq, version, type, schema,
     payload), checked before a retry is compared with it or answered from it."""
     _, stream, seq, version, type_name, schema, payload = row
-    for column, value, expected in (
+    _require_columns(
+        seq,
         ("seq", seq, int),
         ("stream", stream, str),
         ("version", version, int),
         ("type", type_name, str),
         ("schema", schema, int),
         ("payload", payload, _BINARY),
-    ):
+    )
+    return (stream, seq, version, type_name, schema, bytes(payload))
+
+
+def _require_columns(seq: object, *checks: tuple[str, object, Any]) -> None:
+    """Each (column, value, storage class) holds that class (a bool is no integer column),
+    else the record at `seq` is named damaged (the slow path of a row that failed the fast
+    one-expression check)."""
+    for column, value, expected in checks:
         if not isinstance(value, expected) or isinstance(value, bool):
             raise _damaged(seq, column, value)
-    return (stream, seq, version, type_name, schema, bytes(payload))
 
 
 def _damaged(seq: object, column: str, value: object) -> DamagedRecordError:
