@@ -16,7 +16,7 @@ import functools
 import itertools
 import json
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -390,10 +390,29 @@ def export(target: str, fmt: str, output: Path) -> None:
             for sink in [records, *sinks.values()]:
                 sink.flush()
                 sink.table.close()
+    with writing_output(output):
+        stale = _stale_tables(output, suffix, {"records", *sinks}, known)
     console = stdout_console()
     console.print(f"{records.count} records -> {output / ('records' + suffix)}")
     for name, sink in sorted(sinks.items()):
         console.print(f"{sink.count} {name} -> {output / (name + suffix)}")
+    for path in stale:
+        console.print(f"removed {path}: a table of an earlier export, of a type this log lacks")
+
+
+def _stale_tables(
+    output: Path, suffix: str, written: set[str], known: Mapping[str, type[Event]]
+) -> list[Path]:
+    """Remove the tables an earlier export left in `output` that this one did not write
+    (files named like a table of a known event type): loading `*.jsonl` read two logs."""
+    stale = sorted(
+        path
+        for path in output.glob(f"*{suffix}")
+        if path.stem not in written and path.stem in known and path.is_file()
+    )
+    for path in stale:
+        path.unlink()
+    return stale
 
 
 def _chunks(rows: Iterator[RecordRow], advance: Callable[[int], None]) -> Iterator[list[RecordRow]]:

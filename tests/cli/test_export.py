@@ -261,3 +261,20 @@ def test_an_output_that_cannot_be_written_is_one_line_naming_it(
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith("error: ") and "cannot write it" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_export_into_a_used_folder_leaves_no_table_of_the_earlier_log(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    """The help says existing tables are replaced: a table of a type the second log lacks
+    stayed, so loading the folder's tables read two logs. A file that is no table stays."""
+    out = tmp_path / "export"
+    export(run, out, "jsonl")
+    assert (out / "GroupReserved.jsonl").exists()
+    (out / "notes.jsonl").write_text("mine\n")
+    empty = tmp_path / "empty.db"
+    assert cli("init", str(empty)).exit_code == 0
+    result = cli("export", str(empty), "-o", str(out), "--format", "jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["notes.jsonl", "records.jsonl"]
+    assert f"removed {out / 'GroupReserved.jsonl'}" in result.stdout
