@@ -353,7 +353,7 @@ def test_the_live_controllers_checkpoint_survives_a_zombie_checkpointing_the_sam
             refused.append(exc)
         return saved
 
-    b.data_plane.save_checkpoint = b_saves_then_a_checkpoints  # type: ignore[method-assign]
+    b.data_plane.save_checkpoint = b_saves_then_a_checkpoints  # type: ignore[method-assign,assignment]
     b.checkpoint(1)
 
     assert len(refused) == 1
