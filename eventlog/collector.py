@@ -61,11 +61,13 @@ def _start_watching() -> None:
 
 
 def _forked() -> None:
-    """A child of fork has none of its parent's threads: its own watchdog, and a lock no
-    parent thread can have been holding. A pause a parent thread held never ends here; the
-    watchdog switches the collector on again after the bound."""
-    global _watching, _lock
-    _watching, _lock = False, threading.Lock()
+    """A child of fork has none of its parent's threads, so none of their pauses: they are
+    dropped (the collector on again if the stretch switched it off), the child starts its
+    own watchdog at its first pause, and gets a lock no parent thread can be holding."""
+    global _watching, _lock, _pauses, _long
+    if _pauses and _was_enabled:
+        gc.enable()
+    _watching, _lock, _pauses, _long = False, threading.Lock(), 0, 0
 
 
 os.register_at_fork(after_in_child=_forked)

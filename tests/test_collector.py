@@ -4,6 +4,7 @@ early, never leave the collector off for good, and keep a caller's own `gc.disab
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -157,3 +158,35 @@ def test_a_pause_long_by_its_own_work_is_left_alone_by_the_watchdog(
         time.sleep(0.5)
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_a_child_forked_while_a_thread_paused_has_the_collector_on(long: bool) -> None:
+    """The parent's pausing thread does not exist in the child, so its pause would never
+    end there: the child drops it (the collector on), and its own pauses count afresh."""
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with collector.paused(long=long):
+            holding.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(5)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's cleanup
+        seen = [gc.isenabled()]
+        with collector.paused():
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())
+        os.write(write_end, bytes(seen))
+        os._exit(0)
+    os.close(write_end)
+    seen_in_child = list(os.read(read_end, 3))
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    done.set()
+    thread.join()
+    assert seen_in_child == [1, 0, 1]

@@ -27,7 +27,12 @@ from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.replay import Marker
-from eventlog.cli.targets import open_log, refuse_writing_onto_log, writing_output
+from eventlog.cli.targets import (
+    log_file_at,
+    open_log,
+    refuse_writing_onto_log,
+    writing_output,
+)
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import raw_data
 from eventlog.errors import SchemaError
@@ -391,7 +396,7 @@ def export(target: str, fmt: str, output: Path) -> None:
                 sink.flush()
                 sink.table.close()
     with writing_output(output):
-        stale = _stale_tables(output, suffix, {"records", *sinks}, known)
+        stale = _stale_tables(target, output, suffix, {"records", *sinks}, known)
     console = stdout_console()
     console.print(f"{records.count} records -> {output / ('records' + suffix)}")
     for name, sink in sorted(sinks.items()):
@@ -401,14 +406,18 @@ def export(target: str, fmt: str, output: Path) -> None:
 
 
 def _stale_tables(
-    output: Path, suffix: str, written: set[str], known: Mapping[str, type[Event]]
+    target: str, output: Path, suffix: str, written: set[str], known: Mapping[str, type[Event]]
 ) -> list[Path]:
     """Remove the tables an earlier export left in `output` that this one did not write
-    (files named like a table of a known event type): loading `*.jsonl` read two logs."""
+    (files named like a table of a known event type, never the log read): loading `*.jsonl`
+    read two logs."""
     stale = sorted(
         path
         for path in output.glob(f"*{suffix}")
-        if path.stem not in written and path.stem in known and path.is_file()
+        if path.stem not in written
+        and path.stem in known
+        and path.is_file()
+        and log_file_at(target, path) is None
     )
     for path in stale:
         path.unlink()

@@ -60,25 +60,34 @@ _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 """An SQLite log's file and the files SQLite keeps beside it."""
 
 
-def refuse_writing_onto_log(target: str, output: Path) -> None:
-    """Refuse an output file that is TARGET's log or one of SQLite's files beside it, by name
-    or as another name of the same file (a hard link): a read command never writes to the
-    log it reads (a report written over `run.db-wal` lost every record committed there)."""
+def log_file_at(target: str, path: Path) -> str | None:
+    """The name of TARGET's own file (the log, or one of SQLite's files beside it) that
+    `path` is, by name or as another name of the same file (a hard link); None if none."""
     if "://" in target:
         url = resolve_url(target)
         if not url.drivername.startswith("sqlite") or not url.database:
-            return
+            return None
         log = Path(url.database).expanduser().resolve()
     else:
         log = Path(target).expanduser().resolve()
-    out = output.expanduser().resolve()
+    out = path.expanduser().resolve()
     for suffix in _SIDE_FILES:
         beside = log.with_name(log.name + suffix)
         if out == beside or (out.exists() and beside.exists() and os.path.samefile(out, beside)):
-            raise CliUsageError(
-                f"{output}: that is the log's own file {beside.name}; a read command never "
-                "writes to the log it reads"
-            )
+            return beside.name
+    return None
+
+
+def refuse_writing_onto_log(target: str, output: Path) -> None:
+    """Refuse an output file that is TARGET's own (`log_file_at`): a read command never
+    writes to the log it reads (a report written over `run.db-wal` lost every record
+    committed there)."""
+    own = log_file_at(target, output)
+    if own is not None:
+        raise CliUsageError(
+            f"{output}: that is the log's own file {own}; a read command never writes to the "
+            "log it reads"
+        )
 
 
 @contextmanager

@@ -278,3 +278,15 @@ def test_an_export_into_a_used_folder_leaves_no_table_of_the_earlier_log(
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in out.glob("*.jsonl")) == ["notes.jsonl", "records.jsonl"]
     assert f"removed {out / 'GroupReserved.jsonl'}" in result.stdout
+
+
+def test_the_stale_table_removal_never_removes_the_log_it_read(tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    out.mkdir()
+    log = out / "GroupReserved.csv"  # a log named like a table this export will not write
+    assert cli("init", str(log)).exit_code == 0
+    append_notes(str(log), 3)
+    result = cli("export", str(log), "-o", str(out), "--format", "csv")
+    assert result.exit_code == 0, result.stderr
+    assert log.exists() and "removed" not in result.stdout
+    assert cli("verify", str(log)).exit_code == 0
