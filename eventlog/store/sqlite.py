@@ -109,7 +109,7 @@ class SqliteDialect:
             cursor = dbapi_connection.cursor()
             cursor.execute(f"PRAGMA busy_timeout = {busy}")
             if not read_only:  # an audit must not switch a file's journal mode
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _switch_to_wal(cursor, busy)
             cursor.execute(f"PRAGMA synchronous = {synchronous}")
             cursor.close()
 
@@ -194,3 +194,22 @@ def _on_read_only_medium(path: Path) -> bool:
         return read_only and not (wal.exists() and wal.stat().st_size > 0)
     except OSError:
         return False
+
+
+def _switch_to_wal(cursor: sqlite3.Cursor, busy_ms: int) -> None:
+    """`PRAGMA journal_mode = WAL`, retried while another connection holds the file busy.
+
+    SQLite answers SQLITE_BUSY at once, without calling its busy handler, where waiting could
+    deadlock (several processes opening one new log together: seen as "database is locked"
+    in 5 of 10 racing opens), so the busy timeout is applied here.
+    """
+    deadline = time.monotonic() + busy_ms / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED")
+            if not busy or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
