@@ -379,19 +379,27 @@ class RecoveryLedger:
         """This ledger's epoch, checked against the log's newest one: for a step that writes
         outside the log before its append (a checkpoint saves the data plane first), where
         the append's own fence would come too late. A superseded ledger writes nothing."""
-        if self._superseded is not None:
-            raise self._superseded
-        if self._fenced is not None:
-            raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
+        self._require_unfenced()
         held = self._epoch_version
         if held is None:
             raise _no_epoch()
         found = self.log.stream_version(EPOCH_STREAM)
         if found != held:
-            self._superseded = self._fenced_error(held, found)
-            self._fenced = str(self._superseded)
-            raise self._superseded
+            raise self._supersede(held, found)
         return held + 1
+
+    def _require_unfenced(self) -> None:
+        """Refuse while this ledger knows it is superseded or stale (until reopened)."""
+        if self._superseded is not None:
+            raise self._superseded
+        if self._fenced is not None:
+            raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
+
+    def _supersede(self, held: int, found: int | None) -> ControllerFencedError:
+        """Fence this ledger for good: a newer epoch (`found`) was taken than the one held."""
+        self._superseded = self._fenced_error(held, found)
+        self._fenced = str(self._superseded)
+        return self._superseded
 
     def _next_epoch(self, reason: str) -> tuple[str, ExpectedVersion, list[Event]]:
         """The conditional append that takes the epoch after the newest one in the log."""
@@ -514,10 +522,8 @@ class RecoveryLedger:
         adopted as it is instead of folding every restart event a second time.
         """
         self._require_cut(cut)
-        if base is None and self._superseded is not None:
-            raise self._superseded
-        if base is None and self._fenced is not None:
-            raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
+        if base is None:
+            self._require_unfenced()
         trial = Trial(self._require_state() if base is None else base)
         if folded is not None:
             trial.take(folded)
@@ -732,9 +738,7 @@ class RecoveryLedger:
             and not asserted.events
             and held is not None
         ):
-            self._superseded = self._fenced_error(held, exc.actual)
-            self._fenced = str(self._superseded)
-            return self._superseded
+            return self._supersede(held, exc.actual)
         self._fenced = f"another writer appended to stream {exc.stream!r}; this ledger is stale"
         return exc
 
