@@ -381,3 +381,32 @@ def test_two_controllers_never_name_the_same_checkpoint_folder() -> None:
     second = checkpoint_location("/ckpt", 1, 7, chain, epoch=2)
     assert first != second
     assert first.parent == second.parent == Path("/ckpt").resolve()
+
+
+def test_checkpoint_folders_named_before_and_after_epochs_are_both_deleted_when_retired() -> None:
+    """Retiring deletes only folders the ledger named itself; a log written before the epoch
+    was in the name (`step-N-seq-S-chain`) still has its old folders deleted."""
+    from dataclasses import dataclass
+
+    from eventlog.recovery.checkpoint import retire_events
+    from projections.history import RolledBack
+
+    @dataclass
+    class Rec:
+        seq: int
+        event: CheckpointCommitted
+
+    def committed(seq: int, name: str) -> Rec:
+        return Rec(seq, CheckpointCommitted(
+            step=seq, data_plane_ref=f"/ckpt/{name}", inventory_digest="d", row_count=0,
+            ledger_digest="l", group_count=0, covers_seq=seq - 1, chain="ab",
+        ))  # fmt: skip
+
+    records = [
+        committed(1, "step-1-seq-0-ab12"),
+        committed(2, "step-2-seq-1-e3-ab12"),
+        committed(3, "my-own-folder"),
+        committed(4, "step-4-seq-3-e3-ab12"),
+    ]
+    retired = retire_events(records, RolledBack(), keep=1)
+    assert [(e.checkpoint_seq, e.deleted) for e in retired] == [(1, True), (2, True), (3, False)]
