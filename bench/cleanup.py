@@ -3,13 +3,20 @@
 Finalizing a group frees its siblings' staging rows, and the ledger records that: the
 finalize's one record, GroupFinalized, lists them (which keys, staged by which attempt; why
 is the finalization, the step its target step), and the rows are deleted right after it is
-appended. A leaking ledger would do neither. Each cell times the same finalize append
-without that (keep: GroupFinalized alone) and with it (clean: GroupFinalized listing the
-rows of 2 siblings x 2 calls, then the delete from an in-memory data plane), in the ABAB
-rounds, A-vs-A noise floor and verdict of `bench/fencing.py`. The workers' put of the rows
-is outside the timing in both kinds; a keep command's rows are deleted outside it too, so
-the plane does not grow. (Before this, the clean-up was a second record, StagingCleared, in
-the same append: bench/README.md "Cleanup" has that figure beside this one.)
+appended. Before issue 8 the controller deleted the same rows after finalizing, recording
+nothing. Each cell times the same finalize append three ways, in the ABAB rounds, A-vs-A noise
+floor and verdict of `bench/fencing.py`:
+
+- clean: GroupFinalized listing the rows of 2 siblings x 2 calls, then their delete from an
+  in-memory data plane (what `RecoveryLedger.finalize` does);
+- untracked: GroupFinalized alone, then the same delete (the controller before issue 8): the
+  verdict, clean against untracked, is what recording the cleanup adds to a command;
+- keep: GroupFinalized alone and no delete in the timing (a ledger that leaks the rows): clean
+  against keep is reported beside it, the whole cost of not leaking, the delete included.
+
+The workers' put of the rows is outside the timing; a keep command's rows are deleted outside
+it, so the plane does not grow. (Before 6a1e833 the clean-up was a second record,
+StagingCleared, in the same append: bench/README.md "Cleanup" has that figure.)
 
 The data plane is the in-memory one: a real TransferQueue's delete is a round trip to its
 actors whose cost is TQ's, and which a leak-free run pays once per row whichever ledger
@@ -62,7 +69,9 @@ from eventlog.recovery.vocabulary import (
 SIBLINGS = 2
 CALLS = 2
 STAGING = "rollout_staging"
-LABELS = ("keep", "clean")
+LABELS = ("untracked", "clean")
+"""The verdict's two kinds (without, with); "keep" is timed beside them (`KEEP_LABELS`)."""
+KEEP_LABELS = ("keep", "clean")
 
 
 @event_type
@@ -91,24 +100,29 @@ def finalized(i: int, keys: list[str]) -> list[Event]:
     ]
 
 
-def cleanup_step(log: EventLog, plane: InMemoryDataPlane) -> Step:
-    """One finalize append, listing the staging rows and deleting them (clean) or not."""
+def cleanup_step(
+    log: EventLog, plane: InMemoryDataPlane, *, delete_timed: bool = True, streams: str = "c"
+) -> Step:
+    """One finalize append, listing the staging rows (clean) or not; the rows are deleted
+    after it, inside the timing unless a bare command's delete is untimed (`delete_timed`
+    False: the keep kind, a ledger that leaks them). Appends go to `group/<streams><n>`."""
     versions: dict[str, int] = {}
     tokens = torch.arange(16)
 
     def step(i: int, clean: bool) -> int:
-        stream = f"group/c{i % STREAMS}"
+        stream = f"group/{streams}{i % STREAMS}"
         keys = [f"c{i}_g{s}/call-{c}" for s in range(SIBLINGS) for c in range(CALLS)]
         plane.put_rows(STAGING, {k: {"token_ids": tokens} for k in keys})  # the workers'
         events = finalized(i, keys if clean else [])
         known = versions.get(stream)
         request = AppendRequest(stream, events, NO_STREAM if known is None else known)
+        timed = clean or delete_timed
         started = time.perf_counter_ns()
         (result,) = log.append_batch([request])
-        if clean:
+        if timed:
             plane.delete_rows(STAGING, keys)
         latency = time.perf_counter_ns() - started
-        if not clean:
+        if not timed:
             plane.delete_rows(STAGING, keys)  # untimed: the same plane size for both kinds
         versions[stream] = result.versions[-1]
         return latency
@@ -209,19 +223,36 @@ def cells(
     target: str, backend: str, durability: str, block: int, rounds: int
 ) -> list[dict[str, Any]]:
     with EventLog.open(target, durability=durability) as log:  # type: ignore[arg-type]
-        got = rounds_of(cleanup_step(log, InMemoryDataPlane()), block, rounds, LABELS)
+        plane = InMemoryDataPlane()
+        got = rounds_of(cleanup_step(log, plane), block, rounds, LABELS)
+        kept = rounds_of(
+            cleanup_step(log, plane, delete_timed=False, streams="k"), block, rounds, KEEP_LABELS
+        )
         ledger_runs = [ledger_commands(log, max(block // 2, 20), r * 100_000) for r in range(3)]
         life = [lifecycle_commands(log, max(block // 8, 5), r * 100_000) for r in range(3)]
     cell = {"backend": backend, "durability": durability, "block": block, "rounds": rounds}
     cell["rows_per_command"] = SIBLINGS * CALLS
     row = ab_row("cleanup", got, ledger_runs, LABELS, LABELS, **cell)
-    return [row | lifecycle_figures(row["delta_us"], life)]
+    keep = ab_row("cleanup", kept, ledger_runs, KEEP_LABELS, KEEP_LABELS, **cell)
+    beside = {"keep_us_per_command": keep["keep_us_per_command"]}
+    beside |= {f"keep_{name}": keep[name] for name in KEEP_FIGURES}
+    return [row | beside | lifecycle_figures(row["delta_us"], life)]
+
+
+KEEP_FIGURES = (
+    "delta_us",
+    "delta_each_us",
+    "noise_floor_us",
+    "delta_share_of_ledger_command",
+)
+"""What the clean kind costs against a leaking ledger (keep), reported beside the verdict."""
 
 
 def lifecycle_table(rows: list[dict[str, Any]]) -> Table:
     """The difference beside a real finalize command and a group's whole ledger life."""
     out = column_table(
-        f"cleanup against a group's life ({' '.join(LIFECYCLE)}; median µs)",
+        f"cleanup against a group's life ({' '.join(LIFECYCLE)}) and a leaking ledger (keep);"
+        " median µs",
         (
             "backend",
             "durability",
@@ -230,6 +261,8 @@ def lifecycle_table(rows: list[dict[str, Any]]) -> Table:
             "Δ share of finalize",
             "group's commands µs",
             "Δ share of the group's commands",
+            "Δ vs keep µs (noise)",
+            "Δ vs keep share of command",
         ),
         left={"backend"},
     )
@@ -242,18 +275,21 @@ def lifecycle_table(rows: list[dict[str, Any]]) -> Table:
             f"{r['delta_share_of_finalize_command']:+.2%}",
             f"{r['lifecycle_us_per_group']:,.1f}",
             f"{r['delta_share_of_lifecycle']:+.2%}",
+            f"{r['keep_delta_us']:+.1f} ({r['keep_noise_floor_us']:.1f})",
+            f"{r['keep_delta_share_of_ledger_command']:+.2%}",
         )
     return out
 
 
 def run(**options: Any) -> Results:
-    """Interleave clean and keep blocks on each backend; write <out_dir>/cleanup.json."""
+    """Interleave clean blocks with untracked ones, then with keep ones, on each backend;
+    write <out_dir>/cleanup.json."""
     results = run_ab(
         "cleanup",
         cells,
         title="cleanup: cost per finalize command (median µs)",
         names=LABELS,
-        what="finalize command with vs without cleanup",
+        what="finalize command recording its cleanup vs deleting untracked",
         **options,
     )
     (options.get("console") or Console()).print(lifecycle_table(results.rows))

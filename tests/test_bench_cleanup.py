@@ -33,6 +33,53 @@ def test_a_clean_command_lists_the_staging_rows_in_its_record_and_deletes_them(
     assert plane.list_keys(cleanup.STAGING) == {}
 
 
+class _TimedPlane:
+    """The in-memory plane, noting whether each delete ran inside the step's timing (between
+    the two clock reads of the step)."""
+
+    def __init__(self) -> None:
+        from eventlog.dataplane.memory import InMemoryDataPlane
+
+        self.plane = InMemoryDataPlane()
+        self.clock_reads = 0
+        self.deletes_at: list[int] = []
+
+    def put_rows(self, partition: str, rows: dict[str, object]) -> None:
+        self.plane.put_rows(partition, rows)  # type: ignore[arg-type]
+
+    def delete_rows(self, partition: str, keys: list[str]) -> None:
+        self.deletes_at.append(self.clock_reads)
+        self.plane.delete_rows(partition, keys)
+
+
+@pytest.mark.parametrize(("delete_timed", "inside"), [(True, True), (False, False)])
+def test_a_bare_command_deletes_the_same_rows_timed_when_untracked_untimed_when_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delete_timed: bool, inside: bool
+) -> None:
+    """The verdict's baseline (untracked: the controller before issue 8, which deleted the
+    rows after finalizing and recorded nothing) times the delete; the keep baseline (a
+    leaking ledger) does not. Both leave the plane empty and list no key."""
+    import time
+
+    from eventlog import EventLog
+
+    timed = _TimedPlane()
+    real = time.perf_counter_ns
+
+    def counted() -> int:
+        timed.clock_reads += 1
+        return real()
+
+    monkeypatch.setattr(time, "perf_counter_ns", counted)
+    with EventLog.open(tmp_path / "log.db") as log:
+        step = cleanup.cleanup_step(log, timed, delete_timed=delete_timed)  # type: ignore[arg-type]
+        step(0, False)
+        (bare,) = [r.event for r in log.read()]
+    assert timed.deletes_at == [1 if inside else 2]  # after the first clock read, or the second
+    assert bare.staging_cleared == []  # type: ignore[attr-defined]
+    assert timed.plane.list_keys(cleanup.STAGING) == {}
+
+
 def test_the_lifecycle_figures_time_real_group_lives_that_leave_no_staging_row(
     tmp_path: Path,
 ) -> None:
