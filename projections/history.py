@@ -20,7 +20,7 @@ from eventlog.recovery.vocabulary import (
     CheckpointRetired,
     RestoreStarted,
 )
-from projections.siblings import LedgerState, fold
+from projections.siblings import Folder, LedgerState
 
 
 class RecordLike(Protocol):
@@ -138,6 +138,7 @@ def rebuild(
 ) -> LedgerState:
     """Fold the effective records into `state` (a fresh one when None) and return it."""
     state = LedgerState() if state is None else state
+    apply = Folder(state)
     for rec in effective(records, skipped):
-        fold(state, rec.event)
+        apply(rec.event)
     return state

@@ -20,7 +20,7 @@ from eventlog.log import EventLog
 from eventlog.recovery.checkpoint import fold_from_snapshot, fold_until
 from eventlog.recovery.vocabulary import CONTROLLER_STREAM, RestoreCompleted
 from projections.history import RolledBack, controller_history
-from projections.siblings import FOLDED_TYPES, LedgerState, fold, state_digest
+from projections.siblings import FOLDED_TYPES, Folder, LedgerState, fold, state_digest
 from tests.fixtures.ledger import Harness, sqlite_harness_fixture  # noqa: F401
 
 READS = ("read", "read_stream", "read_stream_backwards", "stream_version", "stream_versions")
@@ -301,20 +301,22 @@ def test_a_rebuild_folds_with_the_collector_paused_and_leaves_it_on(
     _log_with_a_run(h)
     collector_on: list[bool] = []
 
-    def watched(state: LedgerState, event: Any) -> LedgerState:
-        collector_on.append(gc.isenabled())
-        return fold(state, event)
+    class Watched(Folder):
+        def __call__(self, event: Any) -> None:
+            collector_on.append(gc.isenabled())
+            super().__call__(event)
 
-    monkeypatch.setattr(checkpoint, "fold", watched)
+    monkeypatch.setattr(checkpoint, "Folder", Watched)
     assert gc.isenabled()
     folded = fold_from_snapshot(h.log, h.log.head(), RolledBack())
     assert folded.records_folded > 0 and collector_on and not any(collector_on)
     assert gc.isenabled()
 
-    def breaks(state: LedgerState, event: Any) -> LedgerState:
-        raise RuleViolation("broken on purpose")
+    class Breaks(Folder):
+        def __call__(self, event: Any) -> None:
+            raise RuleViolation("broken on purpose")
 
-    monkeypatch.setattr(checkpoint, "fold", breaks)
+    monkeypatch.setattr(checkpoint, "Folder", Breaks)
     with pytest.raises(InvalidEventError, match="on stream 'group/"):
         fold_from_snapshot(h.log, h.log.head(), RolledBack())
     assert gc.isenabled()
@@ -351,14 +353,15 @@ def test_a_fold_does_not_leave_the_collector_off_when_an_append_resumes_it_meanw
     commit_ended: list[bool] = []
     collector_on: list[bool] = []
 
-    def watched(state: LedgerState, event: Any) -> LedgerState:
-        if not commit_ended:
-            collector.resume()  # the commit's `finally`, while the fold goes on
-            commit_ended.append(True)
-        collector_on.append(gc.isenabled())
-        return fold(state, event)
+    class Watched(Folder):
+        def __call__(self, event: Any) -> None:
+            if not commit_ended:
+                collector.resume()  # the commit's `finally`, while the fold goes on
+                commit_ended.append(True)
+            collector_on.append(gc.isenabled())
+            super().__call__(event)
 
-    monkeypatch.setattr(checkpoint, "fold", watched)
+    monkeypatch.setattr(checkpoint, "Folder", Watched)
     try:
         fold_from_snapshot(h.log, h.log.head(), RolledBack())
         assert commit_ended and collector_on and not any(collector_on)

@@ -33,9 +33,9 @@ from projections.history import RecordLike, RolledBack, effective, retired_check
 from projections.reconcile import referenced_keys
 from projections.siblings import (
     FOLDED_TYPES,
+    Folder,
     LedgerState,
     RuleViolation,
-    fold,
     state_digest,
 )
 from projections.version import PROJECTION_VERSION
@@ -162,6 +162,7 @@ def fold_records(
     """
     rows = log.read_payloads(from_seq, until_seq, types=FOLDED_TYPES, page_size=_FOLD_PAGE)
     decode = codec.decode
+    apply = Folder(state)
     # Pages of rows, their events and the values the fold builds are acyclic and freed by
     # their reference counts; collections meanwhile only rescanned and promoted them (about
     # a sixth of a 10^6-record rebuild in a process that imported torch).
@@ -170,7 +171,7 @@ def fold_records(
             if skipped and seq in skipped:
                 continue
             try:
-                fold(state, decode(type_name, schema, payload, seq=seq))
+                apply(decode(type_name, schema, payload, seq=seq))
             except RuleViolation as exc:
                 # The stream is read only to name it (the rows carry the columns a fold uses).
                 found = next(iter(log.read_records(seq, seq)), None)
