@@ -1,6 +1,7 @@
 """Per-group sibling/attempt state: the recovery ledger's state, folded from the log.
 
-`fold(state, event)` is the only way this state changes, live and on rebuild alike. It enforces
+`fold(state, event)` is the only way this state changes, live and on rebuild alike (a rebuild's
+`Folder` runs the same handlers over many events). It enforces
 every rule of the ledger (docs/design.md §4) and raises `RuleViolation` on an event that breaks
 one, so a hand-edited or out-of-order log cannot fold into a state the ledger would never have
 produced.
