@@ -268,6 +268,16 @@ CASES: dict[str, tuple[list[Event], Event, str]] = {
         sealed(1, keys=["g_g0/0"]),
         r"receipt names staging keys \['g_g0/0'\] that sibling 0 \('g_g0'\) owns",
     ),
+    "receipt names keys of two siblings, the later one's first": (
+        [
+            reserved(n=3),
+            dispatched(ref(0), ref(1), ref(2)),
+            sealed(0, keys=["a"]),
+            sealed(1, keys=["b"]),
+        ],
+        sealed(2, keys=["b", "a"]),
+        r"receipt names staging keys \['a'\] that sibling 0 \('g_g0'\) owns",
+    ),
     "group seal gives one key to two siblings": (
         [reserved(n=2, granularity="prompt_group"), dispatched(ref(0), ref(1))],
         GroupSealed(
@@ -366,6 +376,35 @@ def test_a_rebuild_sees_every_seal_before_it_in_the_same_rebuild() -> None:
             apply(sealed(2, keys=["g_g2/0", f"g_g{owner}/0"]))
     apply(sealed(2))
     assert (before, state.groups["g"].status) == ("generating", "ready_to_finalize")
+
+
+def test_a_rebuild_visits_a_groups_siblings_once_not_on_every_seal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What makes a rebuild's seals cheap: who owns which key is found by visiting the
+    siblings once per group (then kept seal by seal), where one event folded alone (a
+    ledger command) visits them on every seal."""
+    import projections.siblings as siblings
+
+    visits: list[str] = []
+
+    class Counted(siblings._Owners):
+        def __init__(self, group: siblings.GroupState) -> None:
+            visits.append(group.group_id)
+            super().__init__(group)
+
+    monkeypatch.setattr(siblings, "_Owners", Counted)
+    n = 16
+    events: list[Event] = [reserved(n=n), dispatched(*(ref(i) for i in range(n)))]
+    events += [sealed(i) for i in range(n)]
+    folded = fold_all(LedgerState(), events)
+    assert visits == ["g"]
+    visits.clear()
+    one_by_one = LedgerState()
+    for event in events:
+        fold(one_by_one, event)
+    assert visits == ["g"] * n
+    assert one_by_one == folded and folded.groups["g"].status == "ready_to_finalize"
 
 
 def test_a_rebuild_reads_the_group_as_it_stands_when_something_else_replaced_it() -> None:
