@@ -219,6 +219,15 @@ def lifecycle_figures(delta_us: float, runs: list[dict[str, float]]) -> dict[str
     }
 
 
+KEEP_FIGURES = (
+    "delta_us",
+    "delta_each_us",
+    "noise_floor_us",
+    "delta_share_of_ledger_command",
+)
+"""What the clean kind costs against a leaking ledger (keep), reported beside the verdict."""
+
+
 def cells(
     target: str, backend: str, durability: str, block: int, rounds: int
 ) -> list[dict[str, Any]]:
@@ -235,17 +244,8 @@ def cells(
     row = ab_row("cleanup", got, ledger_runs, LABELS, LABELS, **cell)
     keep = ab_row("cleanup", kept, ledger_runs, KEEP_LABELS, KEEP_LABELS, **cell)
     beside = {"keep_us_per_command": keep["keep_us_per_command"]}
-    beside |= {f"keep_{name}": keep[name] for name in KEEP_FIGURES}
+    beside.update((f"keep_{name}", keep[name]) for name in KEEP_FIGURES)
     return [row | beside | lifecycle_figures(row["delta_us"], life)]
-
-
-KEEP_FIGURES = (
-    "delta_us",
-    "delta_each_us",
-    "noise_floor_us",
-    "delta_share_of_ledger_command",
-)
-"""What the clean kind costs against a leaking ledger (keep), reported beside the verdict."""
 
 
 def lifecycle_table(rows: list[dict[str, Any]]) -> Table:

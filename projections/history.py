@@ -20,7 +20,7 @@ from eventlog.recovery.vocabulary import (
     CheckpointRetired,
     RestoreStarted,
 )
-from projections.siblings import Folder, LedgerState
+from projections.siblings import LedgerState, fold_all
 
 
 class RecordLike(Protocol):
@@ -138,7 +138,4 @@ def rebuild(
 ) -> LedgerState:
     """Fold the effective records into `state` (a fresh one when None) and return it."""
     state = LedgerState() if state is None else state
-    apply = Folder(state)
-    for rec in effective(records, skipped):
-        apply(rec.event)
-    return state
+    return fold_all(state, (rec.event for rec in effective(records, skipped)))

@@ -251,8 +251,8 @@ class Folder:
 
     The same handlers, rules and resulting state as `fold` of each event, except that it
     remembers per group what the group's sealed siblings own (`_Owners`), so a seal checks
-    its receipt against them in the receipt's length rather than visiting every sibling (16
-    per group here: a seal was two thirds of a rebuild's fold). The memo is checked against
+    its receipt against them in the receipt's length rather than visiting every sibling
+    (bench/README.md has what that saves). The memo is checked against
     the group it was built from before each use, so an event that replaced the group by any
     other way is seen; it is dropped when the group leaves the ledger.
     """
