@@ -317,6 +317,7 @@ def recovery_rows(
             "records_per_s": round(run.records / seconds["median"], 1),
             "folded_records": folded,
             "checkpoint_seq": last_ckpt,
+            "in_flight": run.manifest["in_flight"],
             **_child_columns(got),
             "snapshots_untrusted": got[0]["snapshots_untrusted"],
             "repeats": repeats,
@@ -507,6 +508,7 @@ def size_rows(
             "records_per_s": round(run_info.records / seconds["median"], 1),
             "folded_records": 0,
             "checkpoint_seq": run_info.manifest["checkpoints"][-1]["seq"],
+            "in_flight": run_info.manifest["in_flight"],
             **_child_columns(got),
             "repeats": repeats,
         }

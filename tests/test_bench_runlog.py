@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.runlog import run_log
+from bench.runlog import ADMISSION, IN_FLIGHT, in_flight_for, run_log
 from eventlog import EventLog
 from eventlog.recovery.checkpoint import fold_from_snapshot
 from projections.history import RolledBack
@@ -20,3 +20,16 @@ def test_the_run_logs_latest_snapshot_is_trusted_so_a_restore_folds_nothing(
     with EventLog.open(run.path) as log:
         folded = fold_from_snapshot(log, last, RolledBack())
     assert (folded.snapshot_seq, folded.records_folded, folded.untrusted) == (last, 0, [])
+
+
+def test_long_run_logs_hold_the_same_work_in_flight_so_restores_differ_only_by_history(
+    tmp_path: Path,
+) -> None:
+    """bench.replay's flatness compares restores of logs of different lengths: each must hold
+    the same groups in flight at its head, or the shorter log is a lighter restore."""
+    assert in_flight_for(100_000) == in_flight_for(2_000_000) == IN_FLIGHT
+    run, _ = run_log(6000, cache_dir=tmp_path)
+    assert run.manifest["in_flight"] == in_flight_for(6000) < IN_FLIGHT
+    with EventLog.open(run.path) as log:
+        held = fold_from_snapshot(log, log.head(), RolledBack()).state.groups
+    assert in_flight_for(6000) <= len(held) <= in_flight_for(6000) + ADMISSION
