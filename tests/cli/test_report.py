@@ -7,11 +7,13 @@ visible box and drawn paths, and Chromium's log must hold no console message at 
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,3 +128,24 @@ def test_a_report_path_that_cannot_be_written_is_one_line_naming_it(
     assert result.stderr.splitlines()[0] == (
         f"error: {out}: cannot write it: No such file or directory"
     )
+
+
+def test_the_report_s_pass_runs_with_the_cyclic_collector_paused(
+    run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for `stats` (the same fold); the collector is on again afterwards."""
+    from eventlog.recovery.cli import report as module
+
+    seen: list[bool] = []
+    real = module.fold_rows
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        seen.append(gc.isenabled())
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "fold_rows", spy)
+    assert gc.isenabled()
+    result = cli("report", run.path, "-o", str(tmp_path / "run.html"))
+    assert result.exit_code == 0, result.stderr
+    assert seen == [False]
+    assert gc.isenabled()

@@ -7,9 +7,12 @@ under test.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import Counter
 from typing import Any
+
+import pytest
 
 from eventlog import EventLog
 from eventlog.records import RecordedEvent
@@ -187,3 +190,24 @@ def test_stats_of_a_log_without_recovery_events_has_no_recovery_part(tmp_path: A
     stats = stats_json(path)
     assert stats["records"] == 1 and "recovery" not in stats
     assert "rollout recovery" not in cli("stats", path).stdout
+
+
+def test_the_recovery_pass_runs_with_the_cyclic_collector_paused(
+    run: AuditedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass keeps an object per attempt alive; collections meanwhile only rescanned them.
+    The collector is on again afterwards."""
+    from eventlog.recovery.cli import stats as module
+
+    seen: list[bool] = []
+    real = module.fold_rows
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        seen.append(gc.isenabled())
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "fold_rows", spy)
+    assert gc.isenabled()
+    assert stats_json(run.path)["recovery"]["total"]["groups"] > 0
+    assert seen == [False]
+    assert gc.isenabled()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from eventlog import collector
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.targets import (
@@ -110,7 +111,8 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
     pic.restores = [r.recorded_at for r, _ in run.restores]
     state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
     times = TimeBins(first, span, pic.rate)
-    with seq_progress("report", 1, head) as advance:
+    # The collector rests through the pass, as for `stats` (the same fold, the same objects).
+    with seq_progress("report", 1, head) as advance, collector.paused(long=True):
         rows = log.read_payloads(1, head)
         fold_rows(state, rows, stored_event, watch=_gantt(pic), times=times, advance=advance)
     pic.records = state.records

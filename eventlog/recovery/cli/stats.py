@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from eventlog import collector
 from eventlog.cli.output import seq_progress
 from eventlog.cli.stats import make_stats
 from eventlog.log import EventLog
@@ -37,7 +38,9 @@ class RecoverySection:
     def read(self, log: EventLog, head: int) -> None:
         """One pass in seq order; only the types the fold reads are decoded (the most
         frequent ones as views of the fields it reads), in `fold_rows`' one loop."""
-        with seq_progress("stats", 1, head) as advance:
+        # The collector rests (as for an export): the pass keeps an object per attempt alive
+        # until its group leaves, and collections meanwhile only rescanned them.
+        with seq_progress("stats", 1, head) as advance, collector.paused(long=True):
             rows = log.read_payloads(1, head)
             fold_rows(self._state, rows, stored_event, seen=self._types, advance=advance)
 
