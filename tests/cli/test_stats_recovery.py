@@ -200,7 +200,7 @@ def test_the_recovery_pass_runs_with_the_cyclic_collector_paused(
     from eventlog.recovery.cli import stats as module
 
     seen: list[bool] = []
-    real = module.fold_rows
+    from projections.audit_stats import fold_rows as real
 
     def spy(*args: Any, **kwargs: Any) -> None:
         seen.append(gc.isenabled())
