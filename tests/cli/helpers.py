@@ -3,6 +3,7 @@ lines, and raw sqlite3 access (the way an attacker or an old tool would touch th
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -122,3 +123,18 @@ def _reader(stream: Any) -> queue.Queue[str]:
 
     threading.Thread(target=pump, daemon=True).start()
     return lines_read
+
+
+def collector_states_at_fold(monkeypatch: Any, module: Any) -> list[bool]:
+    """Whether the cyclic collector was on at each call of `module.fold_rows` (the recovery
+    pass of `stats` and `report`), filled in as the command runs."""
+    from projections.audit_stats import fold_rows
+
+    seen: list[bool] = []
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        seen.append(gc.isenabled())
+        fold_rows(*args, **kwargs)
+
+    monkeypatch.setattr(module, "fold_rows", spy)
+    return seen

@@ -13,12 +13,11 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import cli
+from tests.cli.helpers import cli, collector_states_at_fold
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -136,14 +135,7 @@ def test_the_report_s_pass_runs_with_the_cyclic_collector_paused(
     """As for `stats` (the same fold); the collector is on again afterwards."""
     from eventlog.recovery.cli import report as module
 
-    seen: list[bool] = []
-    from projections.audit_stats import fold_rows as real
-
-    def spy(*args: Any, **kwargs: Any) -> None:
-        seen.append(gc.isenabled())
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(module, "fold_rows", spy)
+    seen = collector_states_at_fold(monkeypatch, module)
     assert gc.isenabled()
     result = cli("report", run.path, "-o", str(tmp_path / "run.html"))
     assert result.exit_code == 0, result.stderr

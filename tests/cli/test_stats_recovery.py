@@ -31,7 +31,7 @@ from eventlog.recovery.vocabulary import (
     TokensStaged,
 )
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import cli
+from tests.cli.helpers import cli, collector_states_at_fold
 
 
 def stats_json(path: str) -> dict[str, Any]:
@@ -199,14 +199,7 @@ def test_the_recovery_pass_runs_with_the_cyclic_collector_paused(
     The collector is on again afterwards."""
     from eventlog.recovery.cli import stats as module
 
-    seen: list[bool] = []
-    from projections.audit_stats import fold_rows as real
-
-    def spy(*args: Any, **kwargs: Any) -> None:
-        seen.append(gc.isenabled())
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(module, "fold_rows", spy)
+    seen = collector_states_at_fold(monkeypatch, module)
     assert gc.isenabled()
     assert stats_json(run.path)["recovery"]["total"]["groups"] > 0
     assert seen == [False]
