@@ -14,12 +14,17 @@ Targets (issue 10): replay ≥ 100k records/s, inspect and state under 1 s, stat
 report within a few seconds (5 s here), and each command's peak memory on the larger log at
 most 1.5× that on the smaller one. Each figure is the median of `repeats` runs.
 
+The project's modules are compiled to bytecode first (`cache_bytecode`), as `pip install`
+compiles an installed package: a checkout installed in editable mode, run with
+PYTHONDONTWRITEBYTECODE set, would otherwise compile them from source in every child.
+
 `python -m bench.audit [--quick] [--out DIR]`, or `python -m bench audit`.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import sqlite3
 import statistics
@@ -43,7 +48,7 @@ from bench.common import (
     scratch,
     verdict,
 )
-from bench.runlog import CACHE_DIR, RunLog, run_log
+from bench.runlog import CACHE_DIR, REPO, RunLog, run_log
 
 SIZES = (1_000_000, 100_000)
 QUICK_SIZES = (30_000, 10_000)
@@ -122,6 +127,16 @@ def timed_child(argv: Sequence[str]) -> tuple[float, float]:
     if code != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {code}:\n{done.stderr[-4000:]}")
     return float(seconds), maxrss_kib / 1024  # ru_maxrss is in KiB on Linux
+
+
+PACKAGES = ("eventlog", "projections")
+"""The project's packages (what an editable install leaves without cached bytecode)."""
+
+
+def cache_bytecode() -> None:
+    """Write the bytecode cache of the project's modules, as installing the package does."""
+    for package in PACKAGES:
+        compileall.compile_dir(REPO / package, quiet=1)
 
 
 def command_rows(run: RunLog, repeats: int, work: Path, console: Console) -> list[dict[str, Any]]:
@@ -232,6 +247,7 @@ def run(
         results = Results("audit", machine(work, {"repeats": repeats, "sizes": list(sizes)}))
         results.header["eventlog_command"] = eventlog_command()
         rows: list[dict[str, Any]] = []
+        cache_bytecode()
         for size in sizes:
             started = time.perf_counter()
             log, cached = run_log(size, cache_dir=cache_dir or CACHE_DIR)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import resource
+from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from bench import audit
@@ -50,3 +53,37 @@ def test_quick_audit_benchmark_times_every_command_at_both_sizes(tmp_path: Path)
     assert "replay --json records/s" in output.getvalue()
     assert [hashlib.sha256(log.path.read_bytes()).hexdigest() for log in logs] == before
     assert BENCHMARKS["audit"] is audit.run
+
+
+def test_the_project_s_bytecode_is_cached_before_any_command_is_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed package has its bytecode compiled; an editable checkout run with
+    PYTHONDONTWRITEBYTECODE set would compile every module in every timed child instead."""
+    for package in audit.PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "module.py").write_text("VALUE = 1\n")
+    monkeypatch.setattr(audit, "REPO", tmp_path)
+    audit.cache_bytecode()
+    for package in audit.PACKAGES:
+        source = tmp_path / package / "module.py"
+        assert Path(importlib.util.cache_from_source(str(source))).is_file()
+
+    order: list[str] = []
+    monkeypatch.setattr(audit, "cache_bytecode", lambda: order.append("cache"))
+
+    def timed(argv: Sequence[str]) -> tuple[float, float]:
+        order.append("timed")
+        return 1.0, 1.0
+
+    monkeypatch.setattr(audit, "timed_child", timed)
+    monkeypatch.setattr(audit, "middle_group", lambda path, records: "g")
+    audit.run(
+        quick=True,
+        sizes=[3000],
+        out_dir=tmp_path / "out",
+        workdir=tmp_path / "work",
+        cache_dir=tmp_path / "cache",
+        console=Console(file=io.StringIO(), width=200),
+    )
+    assert order[0] == "cache" and order.count("cache") == 1 and "timed" in order
