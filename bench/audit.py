@@ -133,10 +133,10 @@ PACKAGES = ("eventlog", "projections")
 """The project's packages (what an editable install leaves without cached bytecode)."""
 
 
-def cache_bytecode() -> None:
-    """Write the bytecode cache of the project's modules, as installing the package does."""
-    for package in PACKAGES:
-        compileall.compile_dir(REPO / package, quiet=1)
+def cache_bytecode() -> bool:
+    """Write the bytecode cache of the project's modules, as installing the package does;
+    False when some could not be written (a read-only checkout)."""
+    return all([compileall.compile_dir(REPO / package, quiet=2) for package in PACKAGES])
 
 
 def command_rows(run: RunLog, repeats: int, work: Path, console: Console) -> list[dict[str, Any]]:
@@ -247,7 +247,12 @@ def run(
         results = Results("audit", machine(work, {"repeats": repeats, "sizes": list(sizes)}))
         results.header["eventlog_command"] = eventlog_command()
         rows: list[dict[str, Any]] = []
-        cache_bytecode()
+        if not cache_bytecode():
+            console.print(
+                "warning: the project's bytecode could not be cached; each command's time "
+                "includes compiling its modules",
+                highlight=False,
+            )
         for size in sizes:
             started = time.perf_counter()
             log, cached = run_log(size, cache_dir=cache_dir or CACHE_DIR)

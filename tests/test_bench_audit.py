@@ -64,13 +64,18 @@ def test_the_project_s_bytecode_is_cached_before_any_command_is_timed(
         (tmp_path / package).mkdir()
         (tmp_path / package / "module.py").write_text("VALUE = 1\n")
     monkeypatch.setattr(audit, "REPO", tmp_path)
-    audit.cache_bytecode()
+    assert audit.cache_bytecode()
     for package in audit.PACKAGES:
         source = tmp_path / package / "module.py"
         assert Path(importlib.util.cache_from_source(str(source))).is_file()
 
     order: list[str] = []
-    monkeypatch.setattr(audit, "cache_bytecode", lambda: order.append("cache"))
+
+    def cache() -> bool:
+        order.append("cache")
+        return False
+
+    monkeypatch.setattr(audit, "cache_bytecode", cache)
 
     def timed(argv: Sequence[str]) -> tuple[float, float]:
         order.append("timed")
@@ -78,12 +83,14 @@ def test_the_project_s_bytecode_is_cached_before_any_command_is_timed(
 
     monkeypatch.setattr(audit, "timed_child", timed)
     monkeypatch.setattr(audit, "middle_group", lambda path, records: "g")
+    output = io.StringIO()
     audit.run(
         quick=True,
         sizes=[3000],
         out_dir=tmp_path / "out",
         workdir=tmp_path / "work",
         cache_dir=tmp_path / "cache",
-        console=Console(file=io.StringIO(), width=200),
+        console=Console(file=output, width=200),
     )
     assert order[0] == "cache" and order.count("cache") == 1 and "timed" in order
+    assert "bytecode could not be cached" in output.getvalue()
