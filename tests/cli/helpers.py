@@ -125,9 +125,10 @@ def _reader(stream: Any) -> queue.Queue[str]:
     return lines_read
 
 
-def collector_states_at_fold(monkeypatch: Any, module: Any) -> list[bool]:
-    """Whether the cyclic collector was on at each call of `module.fold_rows` (the recovery
-    pass of `stats` and `report`), filled in as the command runs."""
+def collector_states_at_fold(monkeypatch: Any) -> list[bool]:
+    """Whether the cyclic collector was on at each `fold_rows` of the recovery audit pass
+    (`stats` and `report`), filled in as the command runs."""
+    from eventlog.recovery.cli import runlog
     from projections.audit_stats import fold_rows
 
     seen: list[bool] = []
@@ -136,5 +137,5 @@ def collector_states_at_fold(monkeypatch: Any, module: Any) -> list[bool]:
         seen.append(gc.isenabled())
         fold_rows(*args, **kwargs)
 
-    monkeypatch.setattr(module, "fold_rows", spy)
+    monkeypatch.setattr(runlog, "fold_rows", spy)
     return seen

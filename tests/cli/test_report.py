@@ -133,9 +133,7 @@ def test_the_report_s_pass_runs_with_the_cyclic_collector_paused(
     run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As for `stats` (the same fold); the collector is on again afterwards."""
-    from eventlog.recovery.cli import report as module
-
-    seen = collector_states_at_fold(monkeypatch, module)
+    seen = collector_states_at_fold(monkeypatch)
     assert gc.isenabled()
     result = cli("report", run.path, "-o", str(tmp_path / "run.html"))
     assert result.exit_code == 0, result.stderr

@@ -197,9 +197,7 @@ def test_the_recovery_pass_runs_with_the_cyclic_collector_paused(
 ) -> None:
     """The pass keeps an object per attempt alive; collections meanwhile only rescanned them.
     The collector is on again afterwards."""
-    from eventlog.recovery.cli import stats as module
-
-    seen = collector_states_at_fold(monkeypatch, module)
+    seen = collector_states_at_fold(monkeypatch)
     assert gc.isenabled()
     assert stats_json(run.path)["recovery"]["total"]["groups"] > 0
     assert seen == [False]

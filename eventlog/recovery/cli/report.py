@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from eventlog import collector
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import seq_progress, stdout_console
+from eventlog.cli.output import stdout_console
 from eventlog.cli.targets import (
     open_log,
     refuse_writing_onto_log,
@@ -28,7 +27,7 @@ from eventlog.cli.targets import (
 )
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
-from eventlog.recovery.cli.runlog import RunLog, stored_event
+from eventlog.recovery.cli.runlog import RunLog, audit_pass
 from eventlog.recovery.vocabulary import (
     AttemptFailed,
     GenerationFailed,
@@ -50,7 +49,6 @@ from projections.audit_stats import (
     StartedView,
     TimeBins,
     Watch,
-    fold_rows,
     report,
 )
 
@@ -111,10 +109,7 @@ def gather(log: EventLog, run: RunLog) -> RunPicture:
     pic.restores = [r.recorded_at for r, _ in run.restores]
     state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
     times = TimeBins(first, span, pic.rate)
-    # The collector rests through the pass, as for `stats` (the same fold, the same objects).
-    with seq_progress("report", 1, head) as advance, collector.paused(long=True):
-        rows = log.read_payloads(1, head)
-        fold_rows(state, rows, stored_event, watch=_gantt(pic), times=times, advance=advance)
+    audit_pass(log, state, head, "report", watch=_gantt(pic), times=times)
     pic.records = state.records
     pic.stats = report(state)
     return pic

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from eventlog import codec
+from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
+from eventlog.cli.output import seq_progress
 from eventlog.cli.replay import Selection
 from eventlog.cli.views import Mark
 from eventlog.errors import FutureSchemaError, SchemaError, UnknownEventTypeError
@@ -31,6 +32,7 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
+from projections.audit_stats import AuditState, TimeBins, Watch, fold_rows
 from projections.history import RolledBack, effective_checkpoints, rolled_back
 
 
@@ -50,6 +52,24 @@ def stored_event(type_name: str, schema: int, payload: bytes, seq: int) -> objec
         return codec.decode(type_name, schema, payload, seq=seq)
     except (msgspec.DecodeError, msgspec.ValidationError, SchemaError):
         return None
+
+
+def audit_pass(
+    log: EventLog,
+    state: AuditState,
+    head: int,
+    command: str,
+    *,
+    seen: set[str] | None = None,
+    watch: dict[type, Watch] | None = None,
+    times: TimeBins | None = None,
+) -> None:
+    """Fold records 1..head into `state` in one `fold_rows` pass, with progress (`stats` and
+    `report`). The cyclic collector rests meanwhile: the pass keeps an object per attempt
+    alive until its group leaves, and collections only rescanned them."""
+    with seq_progress(command, 1, head) as advance, collector.paused(long=True):
+        rows = log.read_payloads(1, head)
+        fold_rows(state, rows, stored_event, seen=seen, watch=watch, times=times, advance=advance)
 
 
 def decoded_all(records: Iterable[Record]) -> Iterator[RecordedEvent]:

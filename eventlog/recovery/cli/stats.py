@@ -6,18 +6,15 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from eventlog import collector
-from eventlog.cli.output import seq_progress
 from eventlog.cli.stats import make_stats
 from eventlog.log import EventLog
-from eventlog.recovery.cli.runlog import RunLog, stored_event
+from eventlog.recovery.cli.runlog import RunLog, audit_pass
 from projections.audit import RECOVERY_TYPES
 from projections.audit_stats import (
     AuditReport,
     AuditState,
     KeyReport,
     StepReport,
-    fold_rows,
     report,
 )
 
@@ -38,11 +35,7 @@ class RecoverySection:
     def read(self, log: EventLog, head: int) -> None:
         """One pass in seq order; only the types the fold reads are decoded (the most
         frequent ones as views of the fields it reads), in `fold_rows`' one loop."""
-        # The collector rests (as for an export): the pass keeps an object per attempt alive
-        # until its group leaves, and collections meanwhile only rescanned them.
-        with seq_progress("stats", 1, head) as advance, collector.paused(long=True):
-            rows = log.read_payloads(1, head)
-            fold_rows(self._state, rows, stored_event, seen=self._types, advance=advance)
+        audit_pass(log, self._state, head, "stats", seen=self._types)
 
     def report(self) -> AuditReport | None:
         return report(self._state) if RECOVERY_TYPES & self._types else None
