@@ -37,6 +37,15 @@ def register_upcaster(type_name: str, from_schema: int) -> Callable[[Upcaster], 
     return register
 
 
+def vocabulary() -> dict[str, object]:
+    """What decoding a record depends on: every registered event type's class ("type NAME")
+    and every upcaster ("upcaster NAME vN"). Processes with the same vocabulary decode every
+    record alike."""
+    found: dict[str, object] = {f"type {name}": cls for name, cls in event_types().items()}
+    found |= {f"upcaster {name} v{schema}": fn for (name, schema), fn in _UPCASTERS.items()}
+    return found
+
+
 def encode(event: Event) -> tuple[str, int, bytes]:
     """The record columns (type, schema, payload) for an event, checked to decode again.
 

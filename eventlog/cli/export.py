@@ -10,15 +10,18 @@ A domain adds marks (e.g. rolled back by a restore) as a `records` column via `m
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import functools
+import io
 import itertools
 import json
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 import click
 import msgspec
@@ -31,12 +34,15 @@ from eventlog.cli.targets import (
     log_file_at,
     open_log,
     refuse_writing_onto_log,
+    run_target,
     writing_output,
 )
 from eventlog.cli.times import format_ns
-from eventlog.cli.views import raw_data
+from eventlog.cli.views import Mark, raw_data
+from eventlog.cli.workers import MAX_JOBS, Workers, default_jobs, portable_vocabulary
 from eventlog.errors import SchemaError
 from eventlog.events import Event, event_types
+from eventlog.log import EventLog
 from eventlog.store.base import RecordRow
 
 ColumnKind = str  # "int", "float", "str", "bool", "json", "time"
@@ -100,14 +106,6 @@ def json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def _cell(kind: ColumnKind, value: Any) -> Any:
-    if value is None:
-        return None
-    if kind == "json":
-        return json_text(value)
-    return value
-
-
 def uuid_texts(ids: Sequence[bytes]) -> list[str]:
     """16-byte ids as canonical UUID text (what str(uuid.UUID(bytes=raw)) gives): the hex of
     all of them at once, copied into place 36 characters a row by one strided slice per
@@ -145,50 +143,91 @@ def json_texts(values: Sequence[Any]) -> list[str | None]:
 Columns = dict[str, list[Any]]
 """A batch of rows as one list per column (every list the same length), in table order."""
 
+Spec = list[tuple[str, ColumnKind, bool]]
+"""A table's columns: (name, kind, nullable), in table order."""
+
 
 class Table(Protocol):
-    """One output table; `write` takes a batch of rows as columns."""
+    """One output file; `write` takes parts its format encoded (`Format.join` of them)."""
 
-    def write(self, columns: Columns) -> None: ...
+    def write(self, part: Any) -> None: ...
 
     def close(self) -> None: ...
 
 
+class Format(Protocol):
+    """How rows become a table's bytes: `encode` (where the rows were built, in a worker or
+    here) turns a batch of columns into a part; the command's process joins parts and writes
+    them to the table `open` made."""
+
+    suffix: str
+
+    def encode(self, spec: Spec, columns: Columns) -> Any: ...
+
+    def join(self, parts: list[Any]) -> Any: ...
+
+    def open(self, path: Path, spec: Spec) -> Table: ...
+
+
+class _TextTable:
+    def __init__(self, path: Path, header: str = "") -> None:
+        self.file: IO[str] = path.open("w", encoding="utf-8", newline="")
+        self.file.write(header)
+
+    def write(self, part: Any) -> None:
+        self.file.write(part)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class _JsonLines:
-    def __init__(self, path: Path, columns: list[tuple[str, ColumnKind, bool]]) -> None:
-        self.file: IO[str] = path.open("w", encoding="utf-8")
+    suffix = ".jsonl"
+
+    def __init__(self) -> None:
         self.encoder = msgspec.json.Encoder()
 
-    def write(self, columns: Columns) -> None:
+    def encode(self, spec: Spec, columns: Columns) -> str:
         names = list(columns)
         rows = [
             dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)
         ]
-        self.file.write("".join(self.encoder.encode(r).decode() + "\n" for r in rows))
+        return "".join(self.encoder.encode(r).decode() + "\n" for r in rows)
 
-    def close(self) -> None:
-        self.file.close()
+    def join(self, parts: list[Any]) -> str:
+        return "".join(parts)
+
+    def open(self, path: Path, spec: Spec) -> Table:
+        return _TextTable(path)
 
 
 class _Csv:
-    def __init__(self, path: Path, columns: list[tuple[str, ColumnKind, bool]]) -> None:
-        self.file: IO[str] = path.open("w", encoding="utf-8", newline="")
-        self.writer = csv.writer(self.file)
-        self.writer.writerow([name for name, _, _ in columns])
+    suffix = ".csv"
 
-    def write(self, columns: Columns) -> None:
-        self.writer.writerows(zip(*columns.values(), strict=True))
+    @staticmethod
+    def _text(rows: Iterable[Sequence[Any]]) -> str:
+        buffer = io.StringIO(newline="")
+        csv.writer(buffer).writerows(rows)
+        return buffer.getvalue()
 
-    def close(self) -> None:
-        self.file.close()
+    def encode(self, spec: Spec, columns: Columns) -> str:
+        return self._text(zip(*columns.values(), strict=True))
+
+    def join(self, parts: list[Any]) -> str:
+        return "".join(parts)
+
+    def open(self, path: Path, spec: Spec) -> Table:
+        return _TextTable(path, self._text([[name for name, _, _ in spec]]))
 
 
 class _Parquet:
-    def __init__(self, path: Path, columns: list[tuple[str, ColumnKind, bool]]) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    suffix = ".parquet"
 
-        kinds = {
+    def __init__(self) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.kinds = {
             "int": pa.int64(),
             "float": pa.float64(),
             "str": pa.string(),
@@ -196,26 +235,54 @@ class _Parquet:
             "json": pa.string(),
             "time": pa.timestamp("ns", tz="UTC"),
         }
-        self.pa = pa
-        self.schema = pa.schema(
-            [pa.field(name, kinds[kind], nullable=nullable) for name, kind, nullable in columns]
-        )
-        self.writer = pq.ParquetWriter(str(path), self.schema)
+        self.schemas: dict[tuple[tuple[str, ColumnKind, bool], ...], Any] = {}
 
-    def write(self, columns: Columns) -> None:
-        arrays = [
-            self.pa.array(columns[f.name], type=f.type, from_pandas=False) for f in self.schema
-        ]
-        self.writer.write_table(self.pa.Table.from_arrays(arrays, schema=self.schema))
+    def schema(self, spec: Spec) -> Any:
+        key = tuple(spec)
+        found = self.schemas.get(key)
+        if found is None:
+            pa = self.pa
+            found = self.schemas[key] = pa.schema(
+                [
+                    pa.field(name, self.kinds[kind], nullable=nullable)
+                    for name, kind, nullable in spec
+                ]
+            )
+        return found
+
+    def encode(self, spec: Spec, columns: Columns) -> Any:
+        schema = self.schema(spec)
+        arrays = [self.pa.array(columns[f.name], type=f.type, from_pandas=False) for f in schema]
+        return self.pa.Table.from_arrays(arrays, schema=schema)
+
+    def join(self, parts: list[Any]) -> Any:
+        return parts[0] if len(parts) == 1 else self.pa.concat_tables(parts)
+
+    def open(self, path: Path, spec: Spec) -> Table:
+        import pyarrow.parquet as pq
+
+        # Dictionary pages only where values repeat: an event id or a JSON text is unique,
+        # and building a dictionary the writer then drops cost a third of its time.
+        repeated = [name for name, kind, _ in spec if kind != "json" and name != "event_id"]
+        writer = pq.ParquetWriter(str(path), self.schema(spec), use_dictionary=repeated)
+        return _ParquetTable(writer)
+
+
+class _ParquetTable:
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def write(self, part: Any) -> None:
+        self.writer.write_table(part)
 
     def close(self) -> None:
         self.writer.close()
 
 
-FORMATS: dict[str, tuple[str, Callable[[Path, list[tuple[str, ColumnKind, bool]]], Table]]] = {
-    "parquet": (".parquet", _Parquet),
-    "jsonl": (".jsonl", _JsonLines),
-    "csv": (".csv", _Csv),
+FORMATS: dict[str, Callable[[], Format]] = {
+    "parquet": _Parquet,
+    "jsonl": _JsonLines,
+    "csv": _Csv,
 }
 
 PENDING = 50_000
@@ -224,16 +291,17 @@ number of event types (each table also writes when it alone holds BATCH rows).""
 
 
 class _Sink:
-    """A table and its pending rows, as parts of columns (each part one chunk's rows of this
-    table), written a batch at a time."""
+    """A table and its pending parts (each one chunk's rows of this table), written a batch
+    at a time."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, form: Format) -> None:
         self.table = table
-        self.parts: list[Columns] = []
+        self.form = form
+        self.parts: list[Any] = []
         self.pending = 0
         self.count = 0
 
-    def add(self, part: Columns, rows: int) -> None:
+    def add(self, part: Any, rows: int) -> None:
         self.parts.append(part)
         self.pending += rows
 
@@ -241,14 +309,7 @@ class _Sink:
         if not self.parts:
             return
         parts, self.parts = self.parts, []
-        if len(parts) == 1:
-            columns = parts[0]
-        else:
-            columns = {
-                name: list(itertools.chain.from_iterable(part[name] for part in parts))
-                for name in parts[0]
-            }
-        self.table.write(columns)
+        self.table.write(self.form.join(parts))
         self.count += self.pending
         self.pending = 0
 
@@ -267,6 +328,85 @@ def _envelope(envelope: list[Any], ids: list[str], time_as_text: bool, with_type
     recorded = envelope[6]
     columns["recorded_at"] = list(map(format_ns, recorded)) if time_as_text else list(recorded)
     return columns
+
+
+def record_spec(mark_column: str | None) -> Spec:
+    """The `records` table's columns: the envelope, the fields as JSON, the domain's mark."""
+    spec: Spec = [(n, k, False) for n, k in ENVELOPE] + [("data", "json", True)]
+    if mark_column is not None:
+        spec.append((mark_column, "int", True))
+    return spec
+
+
+def typed_spec(cls: type[Event]) -> Spec:
+    """The table of one event type: the envelope (no type) and a column per field."""
+    envelope = [(n, k, False) for n, k in ENVELOPE if n != "type"]
+    return envelope + [(column, kind, nullable) for _, column, kind, nullable in event_columns(cls)]
+
+
+class Chunk(NamedTuple):
+    """One chunk of records as parts of the tables they belong in."""
+
+    last_seq: int
+    rows: int
+    records: Any
+    typed: list[tuple[str, type[Event], Any, int]]
+    """(type name, its class, the part of its table, rows) of each type in the chunk."""
+    pid: int
+    """The process that built it."""
+
+
+class ChunkBuilder:
+    """Builds a chunk's table parts (in a worker process, or in the command's own)."""
+
+    def __init__(
+        self,
+        fmt: str,
+        known: dict[str, type[Event]],
+        mark_of: Callable[[int], Mark | None] | None,
+        mark_column: str | None,
+    ) -> None:
+        self.form = FORMATS[fmt]()
+        self.time_as_text = fmt != "parquet"
+        self.decoder = _ChunkDecoder(known)
+        self.mark_of = mark_of
+        self.mark_column = mark_column
+        self.records = record_spec(mark_column)
+
+    def build(self, chunk: list[RecordRow]) -> Chunk:
+        envelope = list(zip(*chunk, strict=True))
+        ids = uuid_texts(envelope[3])
+        types: tuple[str, ...] = envelope[4]
+        events, data = self.decoder.decode(chunk, envelope)
+        columns = _envelope(envelope, ids, self.time_as_text, with_type=True)
+        columns["data"] = _data_texts(data, envelope[7])
+        mark_column, mark_of = self.mark_column, self.mark_of
+        if mark_column is not None and mark_of is not None:
+            marks = list(map(mark_of, envelope[0]))
+            columns[mark_column] = [m.fields.get(mark_column) if m else None for m in marks]
+        elif mark_column is not None:
+            columns[mark_column] = [None] * len(chunk)
+        typed: list[tuple[str, type[Event], Any, int]] = []
+        # the rows of each type, in seq order (a stable sort of the chunk's indices)
+        order = sorted(range(len(chunk)), key=types.__getitem__)
+        for name, group in itertools.groupby(order, key=types.__getitem__):
+            at = [i for i in group if events[i] is not None]
+            if not at:
+                continue
+            first = events[at[0]]
+            assert first is not None
+            cls = type(first)
+            rows = list(zip(*map(chunk.__getitem__, at), strict=True))
+            part = _envelope(rows, list(map(ids.__getitem__, at)), self.time_as_text, False)
+            part.update(typed_columns(cls, list(map(data.__getitem__, at))))
+            typed.append((name, cls, self.form.encode(typed_spec(cls), part), len(at)))
+        return Chunk(
+            envelope[0][-1],
+            len(chunk),
+            self.form.encode(self.records, columns),
+            typed,
+            os.getpid(),
+        )
 
 
 class ExportCommand(click.Command):
@@ -300,7 +440,16 @@ def make_export(marker: Marker | None = None) -> ExportCommand:
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder to write the tables into (created; existing tables are replaced).",
 )
-def export(target: str, fmt: str, output: Path) -> None:
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help=f"Processes that decode records and build the tables, {BATCH:,} records at a time, "
+    f"while this one writes them (default: this host's CPUs, at most {MAX_JOBS}; 1: all here).",
+)
+def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     """Write TARGET's records as tables into a folder: `records` (every record: envelope,
     fields as JSON, and the domain's marks such as rolled_back_by) and one table per event
     type (envelope plus one typed column per field), ready for pandas, polars or DuckDB.
@@ -308,15 +457,10 @@ def export(target: str, fmt: str, output: Path) -> None:
     \b
     recorded_at is a UTC timestamp with nanoseconds (ISO-8601 text in jsonl and csv).
     Records of unknown types are only in `records` (their raw fields as JSON).
+    The tables are the same whatever --jobs is.
     """
     command = click.get_current_context().command
     marker = command.marker if isinstance(command, ExportCommand) else None
-    suffix, make_any_table = FORMATS[fmt]
-
-    def make_table(path: Path, columns: list[tuple[str, ColumnKind, bool]]) -> Table:
-        refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
-        return make_any_table(path, columns)
-
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
@@ -327,82 +471,109 @@ def export(target: str, fmt: str, output: Path) -> None:
             ) from None
     if output.exists() and not output.is_dir():
         raise CliUsageError(f"{output}: exists and is not a folder")
+    form = FORMATS[fmt]()
+    suffix = form.suffix
+    mark_column = marker.column if marker is not None else None
+
+    def make_table(path: Path, spec: Spec) -> _Sink:
+        refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
+        return _Sink(form.open(path, spec), form)
+
     with writing_output(output), open_log(target) as log, collector.paused(long=True):
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
         # texts), freed by their reference counts; collections scanning them were a third of
         # the command's CPU.
         output.mkdir(parents=True, exist_ok=True)
-        mark_of = marker.marks(log) if marker is not None else None
-        mark_column = marker.column if marker is not None else None
-        time_as_text = fmt != "parquet"
-        record_columns = [(n, k, False) for n, k in ENVELOPE] + [("data", "json", True)]
-        if mark_column is not None:
-            record_columns.append((mark_column, "int", True))
-        records = _Sink(make_table(output / f"records{suffix}", record_columns))
-        sinks: dict[str, _Sink] = {}
-        classes: dict[str, type[Event]] = {}
-        known = event_types()
         head = log.head()
-        decoder = _ChunkDecoder(known)
-        pending = 0
-        try:
-            with seq_progress("export", 1, head) as advance:
-                for chunk in _chunks(log.read_rows(1, head, page_size=BATCH), advance):
-                    envelope = list(zip(*chunk, strict=True))
-                    ids = uuid_texts(envelope[3])
-                    types: tuple[str, ...] = envelope[4]
-                    events, data = decoder.decode(chunk, envelope)
-                    columns = _envelope(envelope, ids, time_as_text, with_type=True)
-                    columns["data"] = _data_texts(data, envelope[7])
-                    if mark_column is not None and mark_of is not None:
-                        marks = list(map(mark_of, envelope[0]))
-                        columns[mark_column] = [
-                            m.fields.get(mark_column) if m else None for m in marks
-                        ]
-                    elif mark_column is not None:
-                        columns[mark_column] = [None] * len(chunk)
-                    records.add(columns, len(chunk))
-                    records.flush()
-                    # the rows of each type, in seq order (a stable sort of the chunk's indices)
-                    order = sorted(range(len(chunk)), key=types.__getitem__)
-                    for name, group in itertools.groupby(order, key=types.__getitem__):
-                        at = [i for i in group if events[i] is not None]
-                        if not at:
-                            continue
-                        sink = sinks.get(name)
-                        if sink is None:
-                            first = events[at[0]]
-                            assert first is not None
-                            classes[name] = type(first)
-                            sink = sinks[name] = _typed_sink(
-                                classes[name], output, name + suffix, make_table
-                            )
-                        rows = list(zip(*map(chunk.__getitem__, at), strict=True))
-                        part = _envelope(
-                            rows, list(map(ids.__getitem__, at)), time_as_text, with_type=False
-                        )
-                        part.update(typed_columns(classes[name], list(map(data.__getitem__, at))))
-                        sink.add(part, len(at))
-                        pending += len(at)
-                        if sink.pending >= BATCH:
-                            pending -= sink.pending
-                            sink.flush()
-                        elif pending >= PENDING:  # rare types wait: few, large row groups
-                            for other in sinks.values():
-                                other.flush()
-                            pending = 0
-        finally:
-            for sink in [records, *sinks.values()]:
-                sink.flush()
-                sink.table.close()
+        ranges = [(low, min(low + BATCH - 1, head)) for low in range(1, head + 1, BATCH)]
+        vocabulary = portable_vocabulary()
+        jobs = min(default_jobs() if jobs is None else jobs, len(ranges))
+        records = make_table(output / f"records{suffix}", record_spec(mark_column))
+        sinks: dict[str, _Sink] = {}
+        with contextlib.ExitStack() as stack:
+            chunks: Iterator[Chunk]
+            if jobs > 1 and vocabulary is not None:
+                setup = functools.partial(_setup_worker, run_target(target), fmt, head, marker)
+                workers = stack.enter_context(Workers(jobs, vocabulary, setup, _build_range))
+                chunks = workers.map(ranges)
+            else:
+                mark_of = marker.marks(log, head) if marker is not None else None
+                builder = ChunkBuilder(fmt, event_types(), mark_of, mark_column)
+                chunks = (builder.build(_read(log, low, high)) for low, high in ranges)
+            try:
+                with seq_progress("export", 1, head) as advance:
+                    pids = _write_chunks(chunks, records, sinks, make_table, output, advance)
+            finally:
+                for sink in [records, *sinks.values()]:
+                    sink.flush()
+                    sink.table.close()
     with writing_output(output):
-        stale = _stale_tables(target, output, suffix, {"records", *sinks}, known)
+        stale = _stale_tables(target, output, suffix, {"records", *sinks}, event_types())
     console = stdout_console()
     console.print(f"{records.count} records -> {output / ('records' + suffix)}")
     for name, sink in sorted(sinks.items()):
         console.print(f"{sink.count} {name} -> {output / (name + suffix)}")
     for path in stale:
         console.print(f"removed {path}: a table of an earlier export, of a type this log lacks")
+    helpers = pids - {os.getpid()}
+    if helpers:
+        console.print(f"tables built by {len(helpers)} worker processes")
+
+
+def _write_chunks(
+    chunks: Iterator[Chunk],
+    records: _Sink,
+    sinks: dict[str, _Sink],
+    make_table: Callable[[Path, Spec], _Sink],
+    output: Path,
+    advance: Callable[[int], None],
+) -> set[int]:
+    """Every chunk's parts into their tables, in seq order; the processes that built them."""
+    pending = 0
+    pids: set[int] = set()
+    for chunk in chunks:
+        pids.add(chunk.pid)
+        advance(chunk.last_seq)
+        records.add(chunk.records, chunk.rows)
+        records.flush()
+        for name, cls, part, rows in chunk.typed:
+            sink = sinks.get(name)
+            if sink is None:
+                sink = sinks[name] = make_table(
+                    output / (name + records.form.suffix), typed_spec(cls)
+                )
+            sink.add(part, rows)
+            pending += rows
+            if sink.pending >= BATCH:
+                pending -= sink.pending
+                sink.flush()
+            elif pending >= PENDING:  # rare types wait: few, large row groups
+                for other in sinks.values():
+                    other.flush()
+                pending = 0
+    return pids
+
+
+def _read(log: EventLog, low: int, high: int) -> list[RecordRow]:
+    return list(log.read_rows(low, high, page_size=BATCH))
+
+
+def _setup_worker(
+    target: str, fmt: str, head: int, marker: Marker | None
+) -> tuple[EventLog, ChunkBuilder]:
+    """In a worker process: its own read-only connection to the log, and a builder whose
+    marks are those of the log as of the command's head."""
+    log = open_log(target)
+    mark_of = marker.marks(log, head) if marker is not None else None
+    column = marker.column if marker is not None else None
+    return log, ChunkBuilder(fmt, event_types(), mark_of, column)
+
+
+def _build_range(state: tuple[EventLog, ChunkBuilder], seqs: tuple[int, int]) -> Chunk:
+    """In a worker process: the chunk of records low..high."""
+    log, builder = state
+    with collector.paused(long=True):
+        return builder.build(_read(log, *seqs))
 
 
 def _stale_tables(
@@ -422,13 +593,6 @@ def _stale_tables(
     for path in stale:
         path.unlink()
     return stale
-
-
-def _chunks(rows: Iterator[RecordRow], advance: Callable[[int], None]) -> Iterator[list[RecordRow]]:
-    """The rows in lists of BATCH."""
-    while chunk := list(itertools.islice(rows, BATCH)):
-        advance(chunk[-1][0])
-        yield chunk
 
 
 def _data_texts(data: list[Any], payloads: Sequence[bytes]) -> list[str | None]:
@@ -526,15 +690,3 @@ def typed_columns(cls: type[Event], data: list[dict[str, Any]]) -> Columns:
         column: json_texts(column_values) if kind == "json" else list(column_values)
         for (_, column, kind, _), column_values in zip(fields, values, strict=True)
     }
-
-
-def _typed_sink(
-    cls: type[Event],
-    output: Path,
-    name: str,
-    make_table: Callable[[Path, list[tuple[str, ColumnKind, bool]]], Table],
-) -> _Sink:
-    """The table of one event type: the envelope (no type) and a column per field."""
-    envelope = [(n, k, False) for n, k in ENVELOPE if n != "type"]
-    typed = [(column, kind, nullable) for _, column, kind, nullable in event_columns(cls)]
-    return _Sink(make_table(output / name, envelope + typed))

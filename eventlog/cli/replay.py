@@ -69,9 +69,12 @@ class Marker(Protocol):
     column: str
     """The key of a mark's fields that `export` writes as a `records` column."""
 
-    def marks(self, log: EventLog) -> Callable[[int], Mark | None] | None:
-        """The mark of the record at a seq (None when it counts); None when the log has no
-        marked record (then the table has no mark column)."""
+    def marks(
+        self, log: EventLog, until_seq: int | None = None
+    ) -> Callable[[int], Mark | None] | None:
+        """The mark of the record at a seq (None when it counts), as the log's records up to
+        `until_seq` (its head when None) mark it; None when no record is marked (then the
+        table has no mark column)."""
         ...
 
 

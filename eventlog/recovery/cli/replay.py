@@ -77,8 +77,10 @@ class RolledBackMarker:
     hide_help = "Hide records a restore rolled back (the history every rebuild sees)."
     column = "rolled_back_by"
 
-    def marks(self, log: EventLog) -> Callable[[int], Mark | None] | None:
-        run = RunLog(log)
+    def marks(
+        self, log: EventLog, until_seq: int | None = None
+    ) -> Callable[[int], Mark | None] | None:
+        run = RunLog(log, until_seq=until_seq)
         return run.mark if run.skipped else None
 
 

@@ -1,0 +1,168 @@
+"""Worker processes for a read command's chunks: built in order, on as many CPUs as the host
+lends, with what each chunk's result depends on made the same in every process.
+
+A worker is a fresh interpreter (`spawn`: it inherits no thread, lock or open connection of
+the command's process). It imports the modules that hold the command's event types and
+upcasters, and refuses to work when its vocabulary is not the command's: two processes that
+decode a record differently would write a table no single process writes. An error raised in
+a worker is carried back as itself (type, message, attributes), so the command reports it as
+it would have without workers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import multiprocessing
+import os
+import pickle
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+from eventlog import codec
+from eventlog.errors import EventLogError
+
+MAX_JOBS = 8
+"""Workers started by default on a large host: past this, the database's reads and the one
+process that writes the output leave more CPUs little to do."""
+
+IN_FLIGHT = 4
+"""Results per worker submitted and not yet taken: what bounds memory (an export chunk's
+tables are a few MB) while the consumer, writing in order, falls behind now and then."""
+
+T = TypeVar("T")
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity), at most MAX_JOBS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_JOBS))
+
+
+def portable_vocabulary() -> dict[str, str] | None:
+    """`codec.vocabulary()` by importable name (`module:qualname`, and a type's schema), or
+    None when some part of it cannot be imported by name in another process (defined in
+    `__main__` or inside a function): then no worker can decode as this process does."""
+    named: dict[str, str] = {}
+    for key, obj in codec.vocabulary().items():
+        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+        if not isinstance(module, str) or module == "__main__" or "<locals>" in qualname:
+            return None
+        found: Any = sys.modules.get(module)
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if found is not obj:
+            return None
+        schema = getattr(obj, "schema", None)
+        named[key] = f"{module}:{qualname}" + (f" v{schema}" if isinstance(schema, int) else "")
+    return named
+
+
+class Carried:
+    """An exception raised in a worker, as the command's process rebuilds it: its class, its
+    arguments and attributes (its type decides the exit code, its message the error line)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        state = (type(exc), exc.args, dict(vars(exc)))
+        try:
+            pickle.loads(pickle.dumps(state))
+        except Exception:  # an attribute (a connection, a cursor) does not travel: the text does
+            state = (EventLogError, (f"{type(exc).__name__}: {exc}",), {})
+        self.cls, self.args, self.attributes = state
+
+    def rebuilt(self) -> BaseException:
+        exc: BaseException = self.cls.__new__(self.cls)
+        exc.args = self.args
+        vars(exc).update(self.attributes)
+        return exc
+
+
+_setup_error: Carried | None = None
+_state: Any = None
+
+
+def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], Any]) -> None:
+    """A worker's initializer: never raises (a failed initializer breaks the whole pool
+    without saying why); what went wrong is raised by every task instead."""
+    global _setup_error, _state
+    try:
+        for module in modules:
+            importlib.import_module(module)
+        found = portable_vocabulary()
+        if found != vocabulary:
+            differ = sorted(
+                key
+                for key in {*vocabulary, *(found or {})}
+                if vocabulary.get(key) != (found or {}).get(key)
+            )
+            raise EventLogError(
+                "a worker process decodes records otherwise than this one "
+                f"({', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''})",
+                hint="rerun with --jobs 1",
+            )
+        _state = setup()
+    except Exception as exc:
+        _setup_error = Carried(exc)
+
+
+def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
+    if _setup_error is not None:
+        return _setup_error
+    try:
+        return fn(_state, arg)
+    except Exception as exc:
+        return Carried(exc)
+
+
+class Workers(Generic[T]):
+    """`jobs` worker processes, each set up once by `setup()` (picklable; run in the
+    worker), then mapping `fn(state, arg)` over arguments in order."""
+
+    def __init__(
+        self,
+        jobs: int,
+        vocabulary: dict[str, str],
+        setup: Callable[[], Any],
+        fn: Callable[[Any, Any], T],
+    ) -> None:
+        modules = sorted({value.partition(":")[0] for value in vocabulary.values()})
+        self.fn = fn
+        self.jobs = jobs
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start,
+            initargs=(modules, vocabulary, setup),
+        )
+
+    def map(self, args: Iterable[Any]) -> Iterator[T]:
+        """`fn` of each argument, in their order. At most IN_FLIGHT per worker are submitted
+        and not yet taken: workers run ahead of a slow consumer by that much, no more."""
+        pending: deque[concurrent.futures.Future[T | Carried]] = deque()
+        remaining = iter(args)
+        for arg in remaining:
+            pending.append(self._pool.submit(_task, self.fn, arg))
+            if len(pending) >= IN_FLIGHT * self.jobs:
+                break
+        while pending:
+            found = pending.popleft().result()
+            for arg in remaining:
+                pending.append(self._pool.submit(_task, self.fn, arg))
+                break
+            if isinstance(found, Carried):
+                raise found.rebuilt()
+            yield found
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Workers[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
