@@ -517,7 +517,7 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         console.print(f"removed {path}: a table of an earlier export, of a type this log lacks")
     helpers = pids - {os.getpid()}
     if helpers:
-        console.print(f"tables built by {len(helpers)} worker processes")
+        console.print(f"tables built by {len(helpers)} worker process{'es' * (len(helpers) > 1)}")
 
 
 def _write_chunks(

@@ -1,0 +1,185 @@
+"""`eventlog export --jobs N`: chunks built by worker processes, tables the same as one
+process writes, errors as one process reports them, and no worker that would decode
+otherwise."""
+
+from __future__ import annotations
+
+import operator
+import os
+import pickle
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from eventlog import codec
+from eventlog.cli import workers
+from eventlog.errors import DamagedRecordError, EventLogError
+from eventlog.events import Event
+from tests.cli.audited_run import AuditedRun
+from tests.cli.helpers import append_notes, cli, sql
+
+SMALL_BATCH = 5
+"""Records per chunk in these tests: the audited run then spans more chunks than the
+workers hold in flight."""
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eventlog.cli import export as module
+
+    monkeypatch.setattr(module, "BATCH", SMALL_BATCH)
+
+
+def export(target: str, out: Path, fmt: str, jobs: int) -> str:
+    result = cli("export", target, "--format", fmt, "-o", str(out), "--jobs", str(jobs))
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_tables_built_by_workers_are_those_one_process_writes(
+    run: AuditedRun, tmp_path: Path, fmt: str, small_chunks: None
+) -> None:
+    """Byte for byte, every table, with the rolled-back marks and rare types spread over
+    many chunks; the summary says who built them."""
+    head = run.h.log.head()
+    assert head > SMALL_BATCH * workers.IN_FLIGHT * 2  # more chunks than are ever in flight
+    alone = export(run.path, tmp_path / "one", fmt, 1)
+    shared = export(run.path, tmp_path / "two", fmt, 2)
+    assert "worker process" not in alone
+    # the pool starts its second worker when the first is busy: one may build every chunk
+    assert re.search(r"^tables built by (1 worker process|2 worker processes)$", shared, re.M)
+    tables = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert len(tables) > 5
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == tables
+    for name in tables:
+        one = (tmp_path / "one" / name).read_bytes()
+        assert (tmp_path / "two" / name).read_bytes() == one, name
+
+
+def test_a_damaged_record_read_by_a_worker_is_the_error_one_process_gives(
+    log_file: str, tmp_path: Path, small_chunks: None
+) -> None:
+    append_notes(log_file, SMALL_BATCH * 3)
+    damaged = SMALL_BATCH * 2 + 5
+    sql(log_file, f"UPDATE events SET payload = 'text' WHERE seq = {damaged}")
+    results = [
+        cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / f"j{jobs}"), "-j", jobs)
+        for jobs in ("1", "2")
+    ]
+    one, two = results
+    assert one.exit_code == two.exit_code != 0
+    assert one.stderr == two.stderr
+    assert f"seq {damaged}: column payload holds TEXT" in two.stderr
+    assert "Traceback" not in two.stderr
+
+
+def test_a_vocabulary_no_worker_can_import_is_exported_here(
+    log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event type defined inside a function exists only in this process: the export
+    builds every chunk itself, and the type still gets its table."""
+    from eventlog import events
+
+    class LocalNote(Event, frozen=True, kw_only=True, tag="LocalNote"):
+        schema: ClassVar[int] = 1
+        text: str
+
+    monkeypatch.setitem(events._EVENT_TYPES, "LocalNote", LocalNote)
+    assert workers.portable_vocabulary() is None
+    append_notes(log_file, SMALL_BATCH * 3)
+    from eventlog.log import EventLog
+
+    with EventLog.open(log_file) as log:
+        log.append("local", [LocalNote(text="only here")])
+    out = export(log_file, tmp_path / "out", "jsonl", 2)
+    assert "worker process" not in out
+    assert "only here" in (tmp_path / "out" / "LocalNote.jsonl").read_text()
+
+
+def _upcast_nothing(data: dict[str, Any]) -> dict[str, Any]:
+    return data
+
+
+def test_a_worker_that_would_decode_otherwise_refuses_to_build(
+    log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upcaster registered at run time (not on import) is one a worker lacks: the export
+    fails closed, naming it, instead of writing tables no one process writes."""
+    monkeypatch.setitem(codec._UPCASTERS, ("CliNote", 0), _upcast_nothing)
+    append_notes(log_file, SMALL_BATCH * 3)
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "out"), "-j", "2")
+    assert result.exit_code == 5, result.stderr
+    assert "decodes records otherwise than this one (upcaster CliNote v0)" in result.stderr
+    assert "--jobs 1" in result.stderr
+
+
+def test_jobs_below_one_are_refused_naming_the_option(log_file: str, tmp_path: Path) -> None:
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "o"), "-j", "0")
+    assert result.exit_code == 2
+    assert "--jobs" in result.stderr
+
+
+def test_the_default_is_the_cpus_this_process_may_use_at_most_eight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3})
+    assert workers.default_jobs() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert workers.default_jobs() == workers.MAX_JOBS == 8
+
+
+def test_a_portable_vocabulary_names_each_class_with_its_schema() -> None:
+    found = workers.portable_vocabulary()
+    assert found is not None
+    assert found["type GroupReserved"] == "eventlog.recovery.vocabulary:GroupReserved v1"
+
+
+def test_a_carried_error_is_rebuilt_as_itself() -> None:
+    damaged = DamagedRecordError("seq 7: column payload holds TEXT", seq=7, column="payload")
+    damaged.hint = "restore it from a backup"
+    rebuilt = pickle.loads(pickle.dumps(workers.Carried(damaged))).rebuilt()
+    assert type(rebuilt) is DamagedRecordError
+    assert str(rebuilt) == str(damaged)
+    assert (rebuilt.seq, rebuilt.column, rebuilt.hint) == (7, "payload", damaged.hint)
+
+
+def test_an_error_holding_what_cannot_travel_is_carried_as_its_text() -> None:
+    failed = RuntimeError("the driver failed")
+    failed.cursor = lambda: None  # type: ignore[attr-defined]
+    rebuilt = pickle.loads(pickle.dumps(workers.Carried(failed))).rebuilt()
+    assert type(rebuilt) is EventLogError
+    assert str(rebuilt) == "RuntimeError: the driver failed"
+
+
+def test_workers_mark_records_as_the_log_stood_at_the_commands_head(run: AuditedRun) -> None:
+    """A restore appended while an export runs must not mark the chunks a worker builds
+    after it: marks are read as of the head the command started at."""
+    from eventlog.recovery.cli.replay import RolledBackMarker
+
+    marker = RolledBackMarker()
+    now = marker.marks(run.h.log)
+    assert now is not None and now(run.restore_seq - 1) is not None
+    assert marker.marks(run.h.log, run.restore_seq - 1) is None
+
+
+def test_workers_run_ahead_of_their_consumer_by_a_bounded_number_of_results() -> None:
+    """Results come in their arguments' order, and no more than IN_FLIGHT per worker are
+    asked for before the first is taken: memory stays bounded when writing falls behind."""
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    pulled: list[int] = []
+
+    def arguments() -> Iterator[int]:
+        for n in range(40):
+            pulled.append(n)
+            yield n
+
+    with workers.Workers(2, vocabulary, int, operator.add) as pool:
+        results = pool.map(arguments())
+        assert next(results) == 0
+        assert len(pulled) <= workers.IN_FLIGHT * 2 + 1
+        assert list(results) == list(range(1, 40))
