@@ -54,7 +54,16 @@ SIZES = (1_000_000, 100_000)
 QUICK_SIZES = (30_000, 10_000)
 """The larger size comes first: the targets are read on it."""
 
-COMMANDS = ("replay --json", "inspect group", "state --at", "stats", "export", "report")
+COMMANDS = (
+    "replay --json",
+    "inspect group",
+    "state --at",
+    "stats",
+    "export",
+    "export --jobs 1",
+    "report",
+)
+"""`export` as run by default (worker processes, one per CPU up to 8), then in one process."""
 REPLAY_RECORDS_PER_S = 100_000
 INTERACTIVE_S = 1.0
 BATCH_S = 5.0
@@ -93,6 +102,10 @@ def arguments(command: str, run: RunLog, group: str, work: Path) -> list[str]:
         "state --at": ["state", target, "--at", str(run.records // 2)],
         "stats": ["stats", target],
         "export": ["export", target, "--format", "parquet", "-o", str(work / "export")],
+        "export --jobs 1": [
+            *("export", target, "--format", "parquet", "-o", str(work / "export-1")),
+            *("--jobs", "1"),
+        ],
         "report": ["report", target, "-o", str(work / "run.html")],
     }[command]
 
