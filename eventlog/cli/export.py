@@ -39,7 +39,7 @@ from eventlog.cli.targets import (
 )
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import Mark, raw_data
-from eventlog.cli.workers import MAX_JOBS, Workers, default_jobs, portable_vocabulary
+from eventlog.cli.workers import MAX_JOBS, WORTH_CHUNKS, Workers, jobs_for, portable_vocabulary
 from eventlog.errors import SchemaError
 from eventlog.events import Event, event_types
 from eventlog.log import EventLog
@@ -285,10 +285,6 @@ FORMATS: dict[str, Callable[[], Format]] = {
     "csv": _Csv,
 }
 
-WORTH_WORKERS = 25
-"""Chunks from which `export` starts workers unless told how many: on a shorter log their
-start costs more than they save (10^5 records: 2.6 s with two, 2.0 s without)."""
-
 PENDING = 50_000
 """Rows held over every table before all are written: memory stays bounded whatever the
 number of event types (each table also writes when it alone holds BATCH rows)."""
@@ -452,7 +448,7 @@ def make_export(marker: Marker | None = None) -> ExportCommand:
     metavar="N",
     help=f"Processes that decode records and build the tables, {BATCH:,} records at a time, "
     f"while this one writes them (default: this host's CPUs, at most {MAX_JOBS}, for a log of "
-    f"{WORTH_WORKERS * BATCH:,} records or more; 1: all here).",
+    f"{WORTH_CHUNKS * BATCH:,} records or more; 1: all here).",
 )
 def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     """Write TARGET's records as tables into a folder: `records` (every record: envelope,
@@ -492,9 +488,7 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         head = log.head()
         ranges = [(low, min(low + BATCH - 1, head)) for low in range(1, head + 1, BATCH)]
         vocabulary = portable_vocabulary()
-        if jobs is None:  # workers only where they pay for their start (~0.5 s each)
-            jobs = default_jobs() if len(ranges) >= WORTH_WORKERS else 1
-        jobs = min(jobs, len(ranges))
+        jobs = jobs_for(len(ranges), jobs)
         records = make_table(output / f"records{suffix}", record_spec(mark_column))
         sinks: dict[str, _Sink] = {}
         with contextlib.ExitStack() as stack:

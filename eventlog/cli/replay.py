@@ -8,6 +8,7 @@ marks (records that no longer count, e.g. rolled back by a restore) through `mak
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,8 +17,9 @@ from typing import BinaryIO, Protocol, TextIO
 import click
 
 from eventlog import codec
+from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stderr_console, stdout_console
-from eventlog.cli.targets import open_log
+from eventlog.cli.targets import open_log, run_target
 from eventlog.cli.times import format_ns, time_option
 from eventlog.cli.views import (
     JsonHead,
@@ -27,6 +29,14 @@ from eventlog.cli.views import (
     uuid_text,
     view_record,
     write_json_line,
+)
+from eventlog.cli.workers import (
+    MAX_JOBS,
+    WORTH_CHUNKS,
+    Carried,
+    Workers,
+    jobs_for,
+    portable_vocabulary,
 )
 from eventlog.errors import SchemaError
 from eventlog.log import EventLog
@@ -44,6 +54,10 @@ class Selection:
     streams: list[str] = field(default_factory=list)
     seqs: dict[str, set[int]] = field(default_factory=dict)
     seq_range: tuple[int, int | None] | None = None
+
+
+JSON_CHUNK = 10_000
+"""Records whose JSON lines one worker writes at a time."""
 
 
 class Selector(Protocol):
@@ -141,6 +155,17 @@ def make_replay(selectors: Sequence[Selector], marker: Marker | None = None) -> 
     is_flag=True,
     help="Show records of unknown types or newer schemas raw instead of failing.",
 )
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help=f"With --json and no stream selected: processes that write the lines of "
+    f"{JSON_CHUNK:,} records at a time while this one prints them in seq order (default: "
+    f"this host's CPUs, at most {MAX_JOBS}, for {WORTH_CHUNKS * JSON_CHUNK:,} records or "
+    "more; 1: all here).",
+)
 def replay(
     target: str,
     streams: tuple[str, ...],
@@ -151,6 +176,7 @@ def replay(
     until: int | None,
     as_json: bool,
     allow_unknown: bool,
+    jobs: int | None,
     **extra: tuple[str, ...] | bool,
 ) -> None:
     """Print TARGET's records in seq order, filtered.
@@ -163,8 +189,11 @@ def replay(
     payload, plus "unknown": true and "schema". A record rolled back by a restore also has
     "rolled_back": true and "rolled_back_by" (the seq of that restore's RestoreStarted).
     Time filters compare recorded_at and scan the seq range (time is not indexed).
-    Output streams: memory stays flat however long the log.
+    Output streams: memory stays flat however long the log. The lines are the same whatever
+    --jobs is (on a damaged log the error is; the lines before it may be more with workers).
     """
+    if jobs is not None and not as_json:
+        raise CliUsageError("--jobs: only with --json (the table is printed by this process)")
     command = click.get_current_context().command
     selectors = command.selectors if isinstance(command, ReplayCommand) else ()
     marker = command.marker if isinstance(command, ReplayCommand) else None
@@ -194,7 +223,20 @@ def replay(
         wanted = sorted(whole | set(single)) if by_stream else None
         head = log.head()
         last = head if high is None else min(high, head)
-        mark_of = marker.marks(log) if marker is not None else None
+        mark_of = marker.marks(log, head) if marker is not None else None
+        if as_json and not by_stream:
+            ranges = [(n, min(n + JSON_CHUNK - 1, last)) for n in range(low, last + 1, JSON_CHUNK)]
+            helpers = jobs_for(len(ranges), jobs)
+            vocabulary = portable_vocabulary()
+            if helpers > 1 and vocabulary is not None:
+                options = _JsonOptions(run_target(target), head, marker, list(types), since, until)
+                setup = functools.partial(_setup_worker, options, hide_marked, allow_unknown)
+                with (
+                    seq_progress("replay", low, last) as advance,
+                    Workers(helpers, vocabulary, setup, _json_range) as workers,
+                ):
+                    _print_json_chunks(zip(ranges, workers.map(ranges), strict=True), advance)
+                return
         rows = log.read_rows(low, high, wanted, list(types) or None)
         if single:
             rows = (r for r in rows if r[1] in whole or r[0] in single.get(r[1], ()))
@@ -246,17 +288,25 @@ def _selected(
 
 
 def _write_json(selected: Iterator[tuple[RecordRow, Mark | None]], allow_unknown: bool) -> None:
-    """The rows as JSON lines, written in chunks of bytes.
+    """The rows as JSON lines on stdout, written in chunks of bytes."""
+    out = sys.stdout
+    binary = _binary(out)
+    out.flush()
+    json_lines(selected, allow_unknown, lambda chunk: _write(out, binary, chunk))
+
+
+def json_lines(
+    selected: Iterator[tuple[RecordRow, Mark | None]],
+    allow_unknown: bool,
+    flush: Callable[[bytearray], None],
+) -> None:
+    """The rows as JSON lines, handed to `flush` about _CHUNK_BYTES at a time (it empties
+    the chunk). When a record fails, the lines before it are flushed and the error raised.
 
     A record that decodes and carries no mark is written by `write_json_line`: no Record,
     UUID, builtins, view or dict per record, which were two thirds of `replay --json`. Any
     other record takes `row_json`, the long way. The bytes are the same either way.
     """
-    out = sys.stdout
-    # On a terminal the lines go through the text stream: a progress bar may be live on it
-    # (rich wraps the stream to clear the bar first; its byte buffer would write over it).
-    binary = None if out.isatty() else getattr(out, "buffer", None)
-    out.flush()
     chunk = bytearray()
     decode = codec.decode
     line_start = 0
@@ -279,13 +329,90 @@ def _write_json(selected: Iterator[tuple[RecordRow, Mark | None]], allow_unknown
                 chunk += row_json(row, allow_unknown=allow_unknown, mark=mark)
                 chunk += b"\n"
             if len(chunk) >= _CHUNK_BYTES:
-                _write(out, binary, chunk)
+                flush(chunk)
                 line_start = 0
     except BaseException:
         del chunk[line_start:]  # the line of the record that failed, as far as it got
         raise
     finally:  # the lines before a record that fails are written, as they were
-        _write(out, binary, chunk)
+        flush(chunk)
+
+
+def _binary(out: TextIO) -> BinaryIO | None:
+    """Where JSON lines go as bytes: stdout's byte buffer, except on a terminal, where a
+    progress bar may be live on the text stream (rich wraps it to clear the bar first; its
+    byte buffer would write over it)."""
+    return None if out.isatty() else getattr(out, "buffer", None)
+
+
+@dataclass(frozen=True)
+class _JsonOptions:
+    """What a worker needs to write the lines of a seq range as this command would."""
+
+    target: str
+    head: int
+    marker: Marker | None
+    types: list[str]
+    since: int | None
+    until: int | None
+
+
+@dataclass(frozen=True)
+class _JsonWorker:
+    """A worker's own read-only connection, the marks as of the command's head, and how
+    the command prints."""
+
+    log: EventLog
+    options: _JsonOptions
+    mark_of: Callable[[int], Mark | None] | None
+    hide_marked: bool
+    allow_unknown: bool
+
+
+def _setup_worker(options: _JsonOptions, hide_marked: bool, allow_unknown: bool) -> _JsonWorker:
+    log = open_log(options.target)
+    marker = options.marker
+    mark_of = marker.marks(log, options.head) if marker is not None else None
+    return _JsonWorker(log, options, mark_of, hide_marked, allow_unknown)
+
+
+def _json_range(worker: _JsonWorker, seqs: tuple[int, int]) -> tuple[bytes, Carried | None]:
+    """In a worker process: the lines of the records low..high, and the error that stopped
+    them, if one did (the lines before it are printed first, as without workers)."""
+    log, options, mark_of = worker.log, worker.options, worker.mark_of
+    parts: list[bytes] = []
+
+    def keep(chunk: bytearray) -> None:
+        parts.append(bytes(chunk))
+        chunk.clear()
+
+    rows = log.read_rows(*seqs, None, options.types or None)
+    selected = _selected(
+        rows, _no_progress, options.since, options.until, mark_of, worker.hide_marked
+    )
+    try:
+        json_lines(selected, worker.allow_unknown, keep)
+    except Exception as exc:
+        return b"".join(parts), Carried(exc)
+    return b"".join(parts), None
+
+
+def _no_progress(seq: int) -> None:
+    """A worker shows no progress: the command's process advances a chunk at a time."""
+
+
+def _print_json_chunks(
+    chunks: Iterator[tuple[tuple[int, int], tuple[bytes, Carried | None]]],
+    advance: Callable[[int], None],
+) -> None:
+    out = sys.stdout
+    binary = _binary(out)
+    out.flush()
+    for (_, high), (lines, failed) in chunks:
+        _print_bytes(out, binary, lines)
+        if failed is not None:
+            raise failed.rebuilt()
+        advance(high)
 
 
 _CHUNK_BYTES = 1 << 16
@@ -294,10 +421,14 @@ record where stdout is unbuffered)."""
 
 
 def _write(out: TextIO, binary: BinaryIO | None, chunk: bytearray) -> None:
+    _print_bytes(out, binary, chunk)
+    chunk.clear()
+
+
+def _print_bytes(out: TextIO, binary: BinaryIO | None, lines: bytes | bytearray) -> None:
     if binary is not None:
-        binary.write(chunk)
+        binary.write(lines)
         binary.flush()
     else:  # a text stream without a byte buffer under it
-        out.write(chunk.decode())
+        out.write(lines.decode())
         out.flush()
-    chunk.clear()

@@ -120,10 +120,8 @@ def test_a_worker_that_would_decode_otherwise_refuses_to_build(
 def test_by_default_a_short_log_is_built_here_a_long_one_by_workers(
     log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from eventlog.cli import export as module
-
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    append_notes(log_file, SMALL_BATCH * (module.WORTH_WORKERS - 1))
+    append_notes(log_file, SMALL_BATCH * (workers.WORTH_CHUNKS - 1))
     short = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "short"))
     assert short.exit_code == 0, short.stderr
     assert "worker process" not in short.stdout

@@ -1,0 +1,122 @@
+"""`eventlog replay --json --jobs N`: lines written by worker processes, printed in seq order,
+the same bytes as one process prints, errors as one process reports them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventlog.cli import workers
+from tests.cli.audited_run import AuditedRun
+from tests.cli.helpers import append_notes, cli, insert_raw, sql
+
+SMALL_CHUNK = 5
+
+
+@pytest.fixture
+def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Small chunks, and the number of workers of each pool `replay` starts."""
+    from eventlog.cli import replay as module
+
+    monkeypatch.setattr(module, "JSON_CHUNK", SMALL_CHUNK)
+    started: list[int] = []
+
+    class Counted(workers.Workers[Any]):
+        def __init__(self, jobs: int, *args: Any) -> None:
+            started.append(jobs)
+            super().__init__(jobs, *args)
+
+    monkeypatch.setattr(module, "Workers", Counted)
+    return started
+
+
+def replay(target: str, *args: str) -> str:
+    result = cli("replay", target, "--json", *args)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--effective"],
+        ["--type", "TokensStaged", "--type", "RestoreStarted", "--from-seq", "7"],
+        ["--until-seq", "60", "--since", "2000-01-01T00:00:00Z"],
+    ],
+)
+def test_lines_written_by_workers_are_those_one_process_prints(
+    run: AuditedRun, pools: list[int], args: list[str]
+) -> None:
+    alone = replay(run.path, *args, "--jobs", "1")
+    assert pools == []
+    shared = replay(run.path, *args, "--jobs", "2")
+    assert pools == [2]
+    assert shared == alone
+    assert len(alone.splitlines()) > SMALL_CHUNK * workers.IN_FLIGHT * 2 or args
+
+
+def test_a_selected_stream_is_printed_by_this_process(run: AuditedRun, pools: list[int]) -> None:
+    replay(run.path, "--stream", "controller", "--jobs", "2")
+    assert pools == []
+
+
+def test_a_damaged_record_is_the_error_one_process_gives(
+    log_file: str, pools: list[int]
+) -> None:
+    """The same error; the lines before it are records in seq order from the first, never
+    one at or after the damaged one (a worker's chunks before it may print more of them than
+    one process, which fails at the page holding it)."""
+    append_notes(log_file, SMALL_CHUNK * 6)
+    damaged = SMALL_CHUNK * 4 + 2
+    sql(log_file, f"UPDATE events SET payload = 'text' WHERE seq = {damaged}")
+    one = cli("replay", log_file, "--json", "--jobs", "1")
+    two = cli("replay", log_file, "--json", "--jobs", "2")
+    assert pools == [2]
+    assert one.exit_code == two.exit_code != 0
+    assert one.stderr == two.stderr
+    assert f"seq {damaged}" in two.stderr
+    assert two.stdout.startswith(one.stdout)
+    printed = [json.loads(line)["seq"] for line in two.stdout.splitlines()]
+    assert printed == list(range(1, len(printed) + 1))
+    assert SMALL_CHUNK * 2 <= len(printed) < damaged
+
+
+def test_by_default_workers_start_from_a_long_range(
+    log_file: str, pools: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    append_notes(log_file, SMALL_CHUNK * (workers.WORTH_CHUNKS - 1))
+    replay(log_file)
+    assert pools == []
+    append_notes(log_file, SMALL_CHUNK)
+    replay(log_file)
+    assert pools == [2]
+
+
+def test_jobs_without_json_are_refused(log_file: str, tmp_path: Path) -> None:
+    append_notes(log_file, 2)
+    result = cli("replay", log_file, "--jobs", "2")
+    assert result.exit_code == 2
+    assert "--jobs: only with --json" in result.stderr
+
+
+def test_a_record_that_does_not_decode_stops_the_lines_where_one_process_stops_them(
+    log_file: str, pools: list[int]
+) -> None:
+    """The lines before it, also those of its own chunk, are printed, then the error."""
+    append_notes(log_file, SMALL_CHUNK * 4 + 2)
+    unknown = insert_raw(log_file, "s2", "NoSuchType", 1, {"x": 1})
+    append_notes(log_file, SMALL_CHUNK * 3)
+    one = cli("replay", log_file, "--json", "--jobs", "1")
+    two = cli("replay", log_file, "--json", "--jobs", "2")
+    assert pools == [2]
+    assert one.exit_code == two.exit_code != 0
+    assert one.stderr == two.stderr
+    assert "NoSuchType" in two.stderr
+    assert two.stdout == one.stdout
+    assert len(two.stdout.splitlines()) == unknown - 1
