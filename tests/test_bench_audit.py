@@ -35,7 +35,7 @@ def test_quick_audit_benchmark_times_every_command_at_both_sizes(tmp_path: Path)
     rows = json.loads((out / "audit.json").read_text())
     assert rows == results.rows
     commands = [
-        *("replay --json", "inspect group", "state --at", "stats"),
+        *("replay --json", "replay --json --jobs 1", "inspect group", "state --at", "stats"),
         *("export", "export --jobs 1", "report"),
     ]
     assert [(r["records"], r["command"]) for r in rows] == [
@@ -51,7 +51,8 @@ def test_quick_audit_benchmark_times_every_command_at_both_sizes(tmp_path: Path)
     names = [t["target"] for t in results.targets]
     assert len(names) == 2 * len(commands)
     for command in commands:
-        speed = "replay --json records/s" if command == "replay --json" else f"{command} seconds"
+        replay = command.startswith("replay --json")
+        speed = f"{command} records/s" if replay else f"{command} seconds"
         assert sum(name.startswith((speed, f"{command} peak RSS")) for name in names) == 2
     assert {t["status"] for t in results.targets} <= {"PASS", "MISS"}
     assert "replay --json records/s" in output.getvalue()
