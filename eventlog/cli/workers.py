@@ -16,6 +16,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -103,6 +104,9 @@ def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], A
     """A worker's initializer: never raises (a failed initializer breaks the whole pool
     without saying why); what went wrong is raised by every task instead."""
     global _setup_error, _state
+    # Ctrl-C reaches the whole process group: the command's process stops the pool, so a
+    # worker would only print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         for module in modules:
             importlib.import_module(module)
@@ -163,7 +167,13 @@ class Workers(Generic[T]):
             if len(pending) >= IN_FLIGHT * self.jobs:
                 break
         while pending:
-            found = pending.popleft().result()
+            try:
+                found = pending.popleft().result()
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                raise EventLogError(
+                    f"a worker process stopped before its chunk was done ({exc})",
+                    hint="rerun with --jobs 1, or with fewer --jobs where memory is short",
+                ) from exc
             for arg in remaining:
                 pending.append(self._pool.submit(_task, self.fn, arg))
                 break

@@ -4,6 +4,7 @@ otherwise."""
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import pickle
@@ -197,3 +198,29 @@ def test_workers_run_ahead_of_their_consumer_by_a_bounded_number_of_results() ->
         assert next(results) == 0
         assert len(pulled) <= workers.IN_FLIGHT * 2 + 1
         assert list(results) == list(range(1, 40))
+
+
+def test_a_worker_that_dies_is_one_error_line_not_a_traceback() -> None:
+    """A worker killed mid-chunk (out of memory, a signal) breaks the pool: the command says
+    so in a typed error with a hint, as no input could make it (never exit 70)."""
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    exit_now = functools.partial(eval, "__import__('os')._exit")  # a worker's state: os._exit
+    with (
+        workers.Workers(1, vocabulary, exit_now, operator.call) as pool,
+        pytest.raises(EventLogError, match="a worker process stopped") as caught,
+    ):
+        list(pool.map([3]))
+    assert caught.value.hint is not None and "--jobs 1" in caught.value.hint
+
+
+def test_a_worker_leaves_ctrl_c_to_the_command() -> None:
+    """Ctrl-C reaches every process of the terminal's group: a worker goes on (the command's
+    process stops the pool), instead of each printing a traceback of its own."""
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    interrupt_self = functools.partial(
+        eval, "lambda n: __import__('os').kill(__import__('os').getpid(), 2) or n"
+    )
+    with workers.Workers(1, vocabulary, interrupt_self, operator.call) as pool:
+        assert list(pool.map([5, 6])) == [5, 6]
