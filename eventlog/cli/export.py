@@ -39,7 +39,7 @@ from eventlog.cli.targets import (
 )
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import Mark, raw_data
-from eventlog.cli.workers import MAX_JOBS, WORTH_CHUNKS, Workers, jobs_for, portable_vocabulary
+from eventlog.cli.workers import Workers, jobs_for, jobs_option, portable_vocabulary
 from eventlog.errors import SchemaError
 from eventlog.events import Event, event_types
 from eventlog.log import EventLog
@@ -440,16 +440,7 @@ def make_export(marker: Marker | None = None) -> ExportCommand:
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder to write the tables into (created; existing tables are replaced).",
 )
-@click.option(
-    "-j",
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help=f"Processes that decode records and build the tables, {BATCH:,} records at a time, "
-    f"while this one writes them (default: this host's CPUs, at most {MAX_JOBS}, for a log of "
-    f"{WORTH_CHUNKS * BATCH:,} records or more; 1: all here).",
-)
+@jobs_option("Processes that decode records and build the tables while this one writes them", BATCH)
 def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     """Write TARGET's records as tables into a folder: `records` (every record: envelope,
     fields as JSON, and the domain's marks such as rolled_back_by) and one table per event

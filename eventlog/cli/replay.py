@@ -30,14 +30,7 @@ from eventlog.cli.views import (
     view_record,
     write_json_line,
 )
-from eventlog.cli.workers import (
-    MAX_JOBS,
-    WORTH_CHUNKS,
-    Carried,
-    Workers,
-    jobs_for,
-    portable_vocabulary,
-)
+from eventlog.cli.workers import Carried, Workers, jobs_for, jobs_option, portable_vocabulary
 from eventlog.errors import SchemaError
 from eventlog.log import EventLog
 from eventlog.store.base import RecordRow, record_of_row
@@ -155,16 +148,10 @@ def make_replay(selectors: Sequence[Selector], marker: Marker | None = None) -> 
     is_flag=True,
     help="Show records of unknown types or newer schemas raw instead of failing.",
 )
-@click.option(
-    "-j",
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help=f"With --json and no stream selected: processes that write the lines of "
-    f"{JSON_CHUNK:,} records at a time while this one prints them in seq order (default: "
-    f"this host's CPUs, at most {MAX_JOBS}, for {WORTH_CHUNKS * JSON_CHUNK:,} records or "
-    "more; 1: all here).",
+@jobs_option(
+    "With --json and no stream selected: processes that write the lines while this one "
+    "prints them in seq order",
+    JSON_CHUNK,
 )
 def replay(
     target: str,

@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+import click
+
 from eventlog import codec
 from eventlog.errors import EventLogError
 
@@ -56,6 +58,20 @@ def jobs_for(chunks: int, requested: int | None) -> int:
     if requested is None:
         requested = default_jobs() if chunks >= WORTH_CHUNKS else 1
     return max(1, min(requested, chunks))
+
+
+def jobs_option(work: str, chunk: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The `-j/--jobs N` option of a command whose `work` worker processes do, `chunk`
+    records at a time."""
+    return click.option(
+        "-j",
+        "--jobs",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help=f"{work}, {chunk:,} records at a time (default: this host's CPUs, at most "
+        f"{MAX_JOBS}, for {WORTH_CHUNKS * chunk:,} records or more; 1: all here).",
+    )
 
 
 def portable_vocabulary() -> dict[str, str] | None:
