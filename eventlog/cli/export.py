@@ -344,14 +344,23 @@ def typed_spec(cls: type[Event]) -> Spec:
     return envelope + [(column, kind, nullable) for _, column, kind, nullable in event_columns(cls)]
 
 
+class TypedPart(NamedTuple):
+    """One event type's rows of a chunk, as a part of its table."""
+
+    name: str
+    cls: type[Event]
+    part: Any
+    rows: int
+
+
 class Chunk(NamedTuple):
     """One chunk of records as parts of the tables they belong in."""
 
     last_seq: int
     rows: int
     records: Any
-    typed: list[tuple[str, type[Event], Any, int]]
-    """(type name, its class, the part of its table, rows) of each type in the chunk."""
+    typed: list[TypedPart]
+    """Each event type's rows in the chunk."""
     pid: int
     """The process that built it."""
 
@@ -374,6 +383,8 @@ class ChunkBuilder:
         self.records = record_spec(mark_column)
 
     def build(self, chunk: list[RecordRow]) -> Chunk:
+        if not chunk:  # a range of seqs none of which is stored (a log edited outside eventlog)
+            return Chunk(0, 0, None, [], os.getpid())
         envelope = list(zip(*chunk, strict=True))
         ids = uuid_texts(envelope[3])
         types: tuple[str, ...] = envelope[4]
@@ -386,7 +397,7 @@ class ChunkBuilder:
             columns[mark_column] = [m.fields.get(mark_column) if m else None for m in marks]
         elif mark_column is not None:
             columns[mark_column] = [None] * len(chunk)
-        typed: list[tuple[str, type[Event], Any, int]] = []
+        typed: list[TypedPart] = []
         # the rows of each type, in seq order (a stable sort of the chunk's indices)
         order = sorted(range(len(chunk)), key=types.__getitem__)
         for name, group in itertools.groupby(order, key=types.__getitem__):
@@ -399,7 +410,7 @@ class ChunkBuilder:
             rows = list(zip(*map(chunk.__getitem__, at), strict=True))
             part = _envelope(rows, list(map(ids.__getitem__, at)), self.time_as_text, False)
             part.update(typed_columns(cls, list(map(data.__getitem__, at))))
-            typed.append((name, cls, self.form.encode(typed_spec(cls), part), len(at)))
+            typed.append(TypedPart(name, cls, self.form.encode(typed_spec(cls), part), len(at)))
         return Chunk(
             envelope[0][-1],
             len(chunk),
@@ -525,6 +536,8 @@ def _write_chunks(
     pids: set[int] = set()
     for chunk in chunks:
         pids.add(chunk.pid)
+        if not chunk.rows:
+            continue
         advance(chunk.last_seq)
         records.add(chunk.records, chunk.rows)
         records.flush()

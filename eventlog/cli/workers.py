@@ -14,10 +14,13 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import signal
 import sys
+import threading
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
@@ -26,6 +29,7 @@ import click
 
 from eventlog import codec
 from eventlog.errors import EventLogError
+from eventlog.events import event_type
 
 MAX_JOBS = 8
 """Workers started by default on a large host: past this, the database's reads and the one
@@ -94,22 +98,41 @@ def portable_vocabulary() -> dict[str, str] | None:
 
 
 class Carried:
-    """An exception raised in a worker, as the command's process rebuilds it: its class, its
-    arguments and attributes (its type decides the exit code, its message the error line)."""
+    """An exception raised in a worker, as the command's process rebuilds it (its type
+    decides the exit code, its message the error line; its traceback is a note, shown with
+    --debug). Pickled as itself where that round-trips; else as its class, arguments and
+    attributes (an error whose constructor takes keyword arguments); else as its text."""
 
     def __init__(self, exc: BaseException) -> None:
-        state = (type(exc), exc.args, dict(vars(exc)))
-        try:
-            pickle.loads(pickle.dumps(state))
-        except Exception:  # an attribute (a connection, a cursor) does not travel: the text does
-            state = (EventLogError, (f"{type(exc).__name__}: {exc}",), {})
-        self.cls, self.args, self.attributes = state
+        exc.add_note(
+            f"in worker process {os.getpid()}:\n" + "".join(traceback.format_tb(exc.__traceback__))
+        )
+        self.exc: BaseException | None = exc
+        self.state: tuple[type[BaseException], tuple[Any, ...], dict[str, Any]] | None = None
+        if _travels(exc):
+            return
+        self.exc = None
+        self.state = (type(exc), exc.args, dict(vars(exc)))
+        if not _travels(self.state):  # an attribute (a connection, a cursor) cannot travel
+            self.state = (EventLogError, (f"{type(exc).__name__}: {exc}",), {})
 
     def rebuilt(self) -> BaseException:
-        exc: BaseException = self.cls.__new__(self.cls)
-        exc.args = self.args
-        vars(exc).update(self.attributes)
+        if self.exc is not None:
+            return self.exc
+        assert self.state is not None
+        cls, args, attributes = self.state
+        exc: BaseException = cls.__new__(cls)
+        exc.args = args
+        vars(exc).update(attributes)
         return exc
+
+
+def _travels(value: object) -> bool:
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:
+        return False
+    return True
 
 
 _setup_error: Carried | None = None
@@ -117,15 +140,19 @@ _state: Any = None
 
 
 def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], Any]) -> None:
-    """A worker's initializer: never raises (a failed initializer breaks the whole pool
-    without saying why); what went wrong is raised by every task instead."""
+    """A worker's initializer: imports the modules of the command's vocabulary, registers
+    what importing them did not, then checks that nothing more came with the imports.
+    Never raises (a failed initializer breaks the whole pool without saying why): every
+    task raises it instead."""
     global _setup_error, _state
     # Ctrl-C reaches the whole process group: the command's process stops the pool, so a
     # worker would only print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, name="eventlog-worker-parent", daemon=True).start()
     try:
         for module in modules:
             importlib.import_module(module)
+        _register(vocabulary)
         found = portable_vocabulary()
         if found != vocabulary:
             differ = sorted(
@@ -143,6 +170,34 @@ def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], A
         _setup_error = Carried(exc)
 
 
+def _register(vocabulary: dict[str, str]) -> None:
+    """Register each type and upcaster of the command's vocabulary that importing did not
+    (the command registered it at run time, or from another module: --events-module names
+    the module that registers, which need not be the one that defines)."""
+    have = codec.vocabulary()
+    for key, value in vocabulary.items():
+        module, _, qualname = value.split(" ")[0].partition(":")
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        if have.get(key) is found:
+            continue
+        kind, name, *schema = key.split(" ")
+        if kind == "type":
+            event_type(found)
+        else:
+            codec.register_upcaster(name, int(schema[0].removeprefix("v")))(found)
+
+
+def _exit_with_parent() -> None:
+    """A worker whose command was killed (a timeout, the OOM killer) ends too: nothing
+    would take what it builds, and it holds the log open."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+
 def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
     if _setup_error is not None:
         return _setup_error
@@ -150,6 +205,13 @@ def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
         return fn(_state, arg)
     except Exception as exc:
         return Carried(exc)
+
+
+def _stopped(exc: BaseException) -> EventLogError:
+    return EventLogError(
+        f"worker processes failed to start or stopped before their chunks were done ({exc})",
+        hint="rerun with --jobs 1, or with fewer --jobs where memory is short",
+    )
 
 
 class Workers(Generic[T]):
@@ -179,23 +241,27 @@ class Workers(Generic[T]):
         pending: deque[concurrent.futures.Future[T | Carried]] = deque()
         remaining = iter(args)
         for arg in remaining:
-            pending.append(self._pool.submit(_task, self.fn, arg))
+            pending.append(self._submit(arg))
             if len(pending) >= IN_FLIGHT * self.jobs:
                 break
         while pending:
             try:
                 found = pending.popleft().result()
             except concurrent.futures.process.BrokenProcessPool as exc:
-                raise EventLogError(
-                    f"a worker process stopped before its chunk was done ({exc})",
-                    hint="rerun with --jobs 1, or with fewer --jobs where memory is short",
-                ) from exc
+                raise _stopped(exc) from exc
             for arg in remaining:
-                pending.append(self._pool.submit(_task, self.fn, arg))
+                pending.append(self._submit(arg))
                 break
             if isinstance(found, Carried):
                 raise found.rebuilt()
             yield found
+
+    def _submit(self, arg: Any) -> concurrent.futures.Future[T | Carried]:
+        """Submitting starts a worker when one is missing: that may fail too."""
+        try:
+            return self._pool.submit(_task, self.fn, arg)
+        except (concurrent.futures.process.BrokenProcessPool, OSError) as exc:
+            raise _stopped(exc) from exc
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -4,23 +4,28 @@ otherwise."""
 
 from __future__ import annotations
 
-import functools
 import operator
 import os
 import pickle
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pyarrow.parquet as pq
 import pytest
 
 from eventlog import codec
 from eventlog.cli import workers
 from eventlog.errors import DamagedRecordError, EventLogError
 from eventlog.events import Event
+from tests.cli import worker_functions
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import append_notes, cli, sql
+from tests.cli.helpers import append_notes, cli, insert_raw, line, lines, sql
+from tests.cli_vocabulary import CliMeasured
 
 SMALL_BATCH = 5
 """Records per chunk in these tests: the audited run then spans more chunks than the
@@ -101,35 +106,41 @@ def test_a_vocabulary_no_worker_can_import_is_exported_here(
     assert "only here" in (tmp_path / "out" / "LocalNote.jsonl").read_text()
 
 
-def _upcast_nothing(data: dict[str, Any]) -> dict[str, Any]:
-    return data
+def _upcast_note(data: dict[str, Any]) -> dict[str, Any]:
+    return {**data, "text": f"upcast {data['text']}", "n": 0}
 
 
-def test_a_worker_that_would_decode_otherwise_refuses_to_build(
+def test_an_upcaster_registered_at_run_time_is_registered_in_workers_too(
     log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An upcaster registered at run time (not on import) is one a worker lacks: the export
-    fails closed, naming it, instead of writing tables no one process writes."""
-    monkeypatch.setitem(codec._UPCASTERS, ("CliNote", 0), _upcast_nothing)
+    """The command's vocabulary is rebuilt in a worker by name, not only by importing: an
+    upcaster the command registered while it ran decodes old records there as here."""
+    monkeypatch.setitem(codec._UPCASTERS, ("CliNote", 0), _upcast_note)
     append_notes(log_file, SMALL_BATCH * 3)
+    old = insert_raw(log_file, "old", "CliNote", 0, {"text": "v0"})
+    append_notes(log_file, SMALL_BATCH * 3)
+    export(log_file, tmp_path / "one", "jsonl", 1)
+    shared = export(log_file, tmp_path / "two", "jsonl", 2)
+    assert "worker process" in shared
+    notes = (tmp_path / "two" / "CliNote.jsonl").read_text()
+    assert notes == (tmp_path / "one" / "CliNote.jsonl").read_text()
+    assert f'"seq":{old},' in notes and "upcast v0" in notes
+
+
+def test_a_worker_whose_imports_register_more_refuses_to_build(
+    log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that would decode a type the command does not (its imports registered it,
+    the command's registry lacks it) fails closed, naming it, instead of writing tables no
+    one process writes."""
+    from eventlog import events
+
+    append_notes(log_file, SMALL_BATCH * 3)
+    monkeypatch.delitem(events._EVENT_TYPES, "CliNote")
     result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "out"), "-j", "2")
     assert result.exit_code == 5, result.stderr
-    assert "decodes records otherwise than this one (upcaster CliNote v0)" in result.stderr
+    assert "decodes records otherwise than this one (type CliNote)" in result.stderr
     assert "--jobs 1" in result.stderr
-
-
-def test_by_default_a_short_log_is_built_here_a_long_one_by_workers(
-    log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    append_notes(log_file, SMALL_BATCH * (workers.WORTH_CHUNKS - 1))
-    short = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "short"))
-    assert short.exit_code == 0, short.stderr
-    assert "worker process" not in short.stdout
-    append_notes(log_file, SMALL_BATCH)
-    long = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "long"))
-    assert long.exit_code == 0, long.stderr
-    assert "worker process" in long.stdout
 
 
 def test_jobs_below_one_are_refused_naming_the_option(log_file: str, tmp_path: Path) -> None:
@@ -205,12 +216,11 @@ def test_a_worker_that_dies_is_one_error_line_not_a_traceback() -> None:
     so in a typed error with a hint, as no input could make it (never exit 70)."""
     vocabulary = workers.portable_vocabulary()
     assert vocabulary is not None
-    exit_now = functools.partial(eval, "__import__('os')._exit")  # a worker's state: os._exit
     with (
-        workers.Workers(1, vocabulary, exit_now, operator.call) as pool,
-        pytest.raises(EventLogError, match="a worker process stopped") as caught,
+        workers.Workers(1, vocabulary, worker_functions.nothing, worker_functions.exit_now) as pool,
+        pytest.raises(EventLogError, match="stopped before their chunks were done") as caught,
     ):
-        list(pool.map([3]))
+        list(pool.map([3, 3, 3]))
     assert caught.value.hint is not None and "--jobs 1" in caught.value.hint
 
 
@@ -219,8 +229,116 @@ def test_a_worker_leaves_ctrl_c_to_the_command() -> None:
     process stops the pool), instead of each printing a traceback of its own."""
     vocabulary = workers.portable_vocabulary()
     assert vocabulary is not None
-    interrupt_self = functools.partial(
-        eval, "lambda n: __import__('os').kill(__import__('os').getpid(), 2) or n"
-    )
-    with workers.Workers(1, vocabulary, interrupt_self, operator.call) as pool:
+    with workers.Workers(
+        1, vocabulary, worker_functions.nothing, worker_functions.interrupt_self
+    ) as pool:
         assert list(pool.map([5, 6])) == [5, 6]
+
+
+def test_a_worker_ends_when_its_command_is_killed(tmp_path: Path) -> None:
+    """A command killed outright (a timeout, the OOM killer) leaves no worker holding the
+    log: each one watches its parent and ends with it."""
+    command = subprocess.Popen(
+        [sys.executable, "-m", "tests.cli.worker_functions", "60"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert command.stdout is not None
+        worker = int(command.stdout.readline())
+        assert _running(worker)
+    finally:
+        command.kill()
+        command.wait()
+    deadline = time.monotonic() + 20
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(worker)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's init may be slow to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_a_log_missing_a_whole_chunk_of_seqs_is_exported_as_one_process_does(
+    log_file: str, tmp_path: Path, small_chunks: None
+) -> None:
+    """A range of seqs with no record stored (rows deleted outside eventlog) is an empty
+    chunk: skipped, not a crash."""
+    append_notes(log_file, SMALL_BATCH * 6)
+    sql(log_file, f"DELETE FROM events WHERE seq BETWEEN {SMALL_BATCH + 1} AND {2 * SMALL_BATCH}")
+    export(log_file, tmp_path / "one", "jsonl", 1)
+    export(log_file, tmp_path / "two", "jsonl", 2)
+    lines = (tmp_path / "one" / "records.jsonl").read_text()
+    assert len(lines.splitlines()) == SMALL_BATCH * 5
+    assert (tmp_path / "two" / "records.jsonl").read_text() == lines
+
+
+def test_types_a_module_registers_from_another_are_decoded_by_workers(
+    log_file: str, tmp_path: Path, small_chunks: None
+) -> None:
+    """--events-module names the module that registers; the class may live in another one:
+    a worker imports what the command imported, in its order, then checks."""
+    note = line("split", "SplitNote", {"text": "registered elsewhere"})
+    text = lines(*[note] * (SMALL_BATCH * 4))
+    given = ("--events-module", "tests.cli.split_reg")
+    assert cli(*given, "append", log_file, input=text).exit_code == 0
+    outs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"j{jobs}"
+        result = cli(*given, "export", log_file, "--format", "jsonl", "-o", str(out), "-j", jobs)
+        assert result.exit_code == 0, result.stderr
+        outs.append((out / "SplitNote.jsonl").read_text())
+    assert outs[0] == outs[1] and "registered elsewhere" in outs[0]
+
+
+def test_parquet_builds_dictionaries_only_for_columns_whose_values_repeat(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    export(run.path, tmp_path, "parquet", 1)
+    meta = pq.ParquetFile(tmp_path / "records.parquet").metadata.row_group(0)
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
+    assert not any("DICTIONARY" in e for e in encodings["event_id"] + encodings["data"])
+    assert any("DICTIONARY" in e for e in encodings["type"] + encodings["stream"])
+
+
+def test_a_worker_opens_the_log_read_only_with_the_marks_as_of_the_head(
+    run: AuditedRun,
+) -> None:
+    from eventlog.cli.export import _setup_worker
+
+    asked: list[int | None] = []
+
+    class Marks:
+        column = "rolled_back_by"
+
+        def marks(self, log: object, until_seq: int | None = None) -> None:
+            asked.append(until_seq)
+
+    before = Path(run.path).read_bytes()
+    log, _ = _setup_worker(run.path, "jsonl", 17, Marks())  # type: ignore[arg-type]
+    with log, pytest.raises(EventLogError):
+        log.append("s", [CliMeasured(name="x", value=1.0, ok=True, tags=[])])
+    assert asked == [17]
+    assert Path(run.path).read_bytes() == before
+
+
+def test_an_error_that_pickles_travels_as_itself_with_the_workers_traceback() -> None:
+    try:
+        open("/nonexistent/eventlog-test")  # noqa: SIM115
+    except OSError as exc:
+        carried = workers.Carried(exc)
+    rebuilt = pickle.loads(pickle.dumps(carried)).rebuilt()
+    assert type(rebuilt) is FileNotFoundError
+    assert (rebuilt.errno, rebuilt.filename) == (2, "/nonexistent/eventlog-test")
+    assert str(rebuilt) == "[Errno 2] No such file or directory: '/nonexistent/eventlog-test'"
+    (note,) = rebuilt.__notes__
+    assert note.startswith(f"in worker process {os.getpid()}:") and "test_export_jobs" in note

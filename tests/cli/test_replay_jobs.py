@@ -65,9 +65,7 @@ def test_a_selected_stream_is_printed_by_this_process(run: AuditedRun, pools: li
     assert pools == []
 
 
-def test_a_damaged_record_is_the_error_one_process_gives(
-    log_file: str, pools: list[int]
-) -> None:
+def test_a_damaged_record_is_the_error_one_process_gives(log_file: str, pools: list[int]) -> None:
     """The same error; the lines before it are records in seq order from the first, never
     one at or after the damaged one (a worker's chunks before it may print more of them than
     one process, which fails at the page holding it)."""
@@ -120,3 +118,36 @@ def test_a_record_that_does_not_decode_stops_the_lines_where_one_process_stops_t
     assert "NoSuchType" in two.stderr
     assert two.stdout == one.stdout
     assert len(two.stdout.splitlines()) == unknown - 1
+
+
+def test_a_range_with_no_record_stored_prints_nothing_for_it(
+    log_file: str, pools: list[int]
+) -> None:
+    append_notes(log_file, SMALL_CHUNK * 6)
+    sql(log_file, f"DELETE FROM events WHERE seq BETWEEN {SMALL_CHUNK + 1} AND {2 * SMALL_CHUNK}")
+    one = replay(log_file, "--jobs", "1")
+    assert replay(log_file, "--jobs", "2") == one
+    assert pools == [2]
+    assert len(one.splitlines()) == SMALL_CHUNK * 5
+
+
+def test_a_worker_opens_the_log_read_only_with_the_marks_as_of_the_head(
+    run: AuditedRun,
+) -> None:
+    from eventlog.cli.replay import _JsonOptions, _setup_worker
+    from eventlog.errors import EventLogError
+    from tests.cli_vocabulary import CliNote
+
+    asked: list[int | None] = []
+
+    class Marks:
+        def marks(self, log: object, until_seq: int | None = None) -> None:
+            asked.append(until_seq)
+
+    before = Path(run.path).read_bytes()
+    options = _JsonOptions(run.path, 17, Marks(), [], None, None)  # type: ignore[arg-type]
+    worker = _setup_worker(options, False, False)
+    with worker.log, pytest.raises(EventLogError):
+        worker.log.append("s", [CliNote(text="x")])
+    assert asked == [17]
+    assert Path(run.path).read_bytes() == before
