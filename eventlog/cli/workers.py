@@ -228,12 +228,15 @@ class Workers(Generic[T]):
         modules = sorted({value.partition(":")[0] for value in vocabulary.values()})
         self.fn = fn
         self.jobs = jobs
-        self._pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start,
-            initargs=(modules, vocabulary, setup),
-        )
+        try:  # the pool's locks start multiprocessing's resource tracker, a process too
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=jobs,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start,
+                initargs=(modules, vocabulary, setup),
+            )
+        except OSError as exc:
+            raise _stopped(exc) from exc
 
     def map(self, args: Iterable[Any]) -> Iterator[T]:
         """`fn` of each argument, in their order. At most IN_FLIGHT per worker are submitted

@@ -342,3 +342,23 @@ def test_an_error_that_pickles_travels_as_itself_with_the_workers_traceback() ->
     assert str(rebuilt) == "[Errno 2] No such file or directory: '/nonexistent/eventlog-test'"
     (note,) = rebuilt.__notes__
     assert note.startswith(f"in worker process {os.getpid()}:") and "test_export_jobs" in note
+
+
+def test_workers_that_cannot_start_are_one_error_naming_them() -> None:
+    """An interpreter that cannot be started (a frozen or embedded one) is a typed error
+    with a hint, not a complaint about the output folder or exit 70."""
+    from multiprocessing import spawn
+
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    executable = spawn.get_executable()
+    spawn.set_executable("/nonexistent/python")
+    try:
+        with (
+            pytest.raises(EventLogError, match="failed to start") as caught,
+            workers.Workers(1, vocabulary, worker_functions.nothing, operator.add) as pool,
+        ):
+            list(pool.map([1]))
+    finally:
+        spawn.set_executable(executable)
+    assert caught.value.hint is not None and "--jobs 1" in caught.value.hint
