@@ -213,18 +213,18 @@ def replay(
         mark_of = marker.marks(log, head) if marker is not None else None
         if as_json and not by_stream:
             ranges = [(n, min(n + JSON_CHUNK - 1, last)) for n in range(low, last + 1, JSON_CHUNK)]
-            helpers = jobs_for(len(ranges), jobs)
+            worker_count = jobs_for(len(ranges), jobs)
             vocabulary = portable_vocabulary()
-            if helpers > 1 and vocabulary is not None:
+            if worker_count > 1 and vocabulary is not None:
                 options = _JsonOptions(run_target(target), head, marker, list(types), since, until)
                 setup = functools.partial(_setup_worker, options, hide_marked, allow_unknown)
                 with (
                     seq_progress("replay", low, last) as advance,
-                    Workers(helpers, vocabulary, setup, _json_range) as workers,
+                    Workers(worker_count, vocabulary, setup, _json_range) as workers,
                 ):
                     _print_json_chunks(zip(ranges, workers.map(ranges), strict=True), advance)
                 return
-        rows = log.read_rows(low, high, wanted, list(types) or None)
+        rows = log.read_rows(low, last, wanted, list(types) or None)  # as of the head, as marked
         if single:
             rows = (r for r in rows if r[1] in whole or r[0] in single.get(r[1], ()))
         with seq_progress("replay", low, last) as advance:

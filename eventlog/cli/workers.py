@@ -180,13 +180,13 @@ def _register(vocabulary: dict[str, str]) -> None:
         found: Any = importlib.import_module(module)
         for part in qualname.split("."):
             found = getattr(found, part)
-        if have.get(key) is found:
+        if key in have:  # the same, or another one the check below names
             continue
-        kind, name, *schema = key.split(" ")
-        if kind == "type":
+        if key.startswith("type "):
             event_type(found)
-        else:
-            codec.register_upcaster(name, int(schema[0].removeprefix("v")))(found)
+        else:  # "upcaster NAME vN" (a type's name may hold spaces)
+            name, _, schema = key.removeprefix("upcaster ").rpartition(" v")
+            codec.register_upcaster(name, int(schema))(found)
 
 
 def _exit_with_parent() -> None:
@@ -207,7 +207,7 @@ def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
         return Carried(exc)
 
 
-def _stopped(exc: BaseException) -> EventLogError:
+def _pool_failed(exc: BaseException) -> EventLogError:
     return EventLogError(
         f"worker processes failed to start or stopped before their chunks were done ({exc})",
         hint="rerun with --jobs 1, or with fewer --jobs where memory is short",
@@ -236,7 +236,7 @@ class Workers(Generic[T]):
                 initargs=(modules, vocabulary, setup),
             )
         except OSError as exc:
-            raise _stopped(exc) from exc
+            raise _pool_failed(exc) from exc
 
     def map(self, args: Iterable[Any]) -> Iterator[T]:
         """`fn` of each argument, in their order. At most IN_FLIGHT per worker are submitted
@@ -251,20 +251,20 @@ class Workers(Generic[T]):
             try:
                 found = pending.popleft().result()
             except concurrent.futures.process.BrokenProcessPool as exc:
-                raise _stopped(exc) from exc
-            for arg in remaining:
-                pending.append(self._submit(arg))
-                break
+                raise _pool_failed(exc) from exc
             if isinstance(found, Carried):
                 raise found.rebuilt()
             yield found
+            for arg in remaining:  # once the consumer took the result: it may fall behind
+                pending.append(self._submit(arg))
+                break
 
     def _submit(self, arg: Any) -> concurrent.futures.Future[T | Carried]:
         """Submitting starts a worker when one is missing: that may fail too."""
         try:
             return self._pool.submit(_task, self.fn, arg)
         except (concurrent.futures.process.BrokenProcessPool, OSError) as exc:
-            raise _stopped(exc) from exc
+            raise _pool_failed(exc) from exc
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -4,10 +4,12 @@ otherwise."""
 
 from __future__ import annotations
 
+import concurrent.futures.process
 import operator
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -224,6 +226,21 @@ def test_a_worker_that_dies_is_one_error_line_not_a_traceback() -> None:
     assert caught.value.hint is not None and "--jobs 1" in caught.value.hint
 
 
+def test_a_pool_broken_while_its_consumer_writes_is_the_same_error_at_the_next_submit() -> None:
+    """The consumer takes a result, and while it writes the worker dies: the next chunk's
+    submission meets the broken pool, which is the same typed error."""
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    die = worker_functions.exit_if_negative
+    with workers.Workers(1, vocabulary, worker_functions.nothing, die) as pool:
+        results = pool.map([0, -1, *range(1, 2 * workers.IN_FLIGHT)])
+        assert next(results) == 0
+        time.sleep(1.5)  # the worker dies on -1 meanwhile
+        with pytest.raises(EventLogError, match="stopped before their chunks were done") as caught:
+            next(results)
+    assert isinstance(caught.value.__cause__, concurrent.futures.process.BrokenProcessPool)
+
+
 def test_a_worker_leaves_ctrl_c_to_the_command() -> None:
     """Ctrl-C reaches every process of the terminal's group: a worker goes on (the command's
     process stops the pool), instead of each printing a traceback of its own."""
@@ -244,17 +261,22 @@ def test_a_worker_ends_when_its_command_is_killed(tmp_path: Path) -> None:
         text=True,
         cwd=Path(__file__).parents[2],
     )
+    worker = 0
     try:
         assert command.stdout is not None
         worker = int(command.stdout.readline())
         assert _running(worker)
+        command.kill()
+        command.wait()
+        deadline = time.monotonic() + 20
+        while _running(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(worker)
     finally:
         command.kill()
         command.wait()
-    deadline = time.monotonic() + 20
-    while _running(worker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _running(worker)
+        if worker and _running(worker):  # the rule failed: leave no orphan behind
+            os.kill(worker, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:
@@ -284,7 +306,7 @@ def test_types_a_module_registers_from_another_are_decoded_by_workers(
     log_file: str, tmp_path: Path, small_chunks: None
 ) -> None:
     """--events-module names the module that registers; the class may live in another one:
-    a worker imports what the command imported, in its order, then checks."""
+    a worker imports the module that defines it and registers it by name."""
     note = line("split", "SplitNote", {"text": "registered elsewhere"})
     text = lines(*[note] * (SMALL_BATCH * 4))
     given = ("--events-module", "tests.cli.split_reg")
@@ -362,3 +384,13 @@ def test_workers_that_cannot_start_are_one_error_naming_them() -> None:
     finally:
         spawn.set_executable(executable)
     assert caught.value.hint is not None and "--jobs 1" in caught.value.hint
+
+
+def test_a_worker_registers_an_upcaster_of_a_type_whose_name_holds_spaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(codec, "_UPCASTERS", dict(codec._UPCASTERS))
+    named = "tests.cli.test_export_jobs:_upcast_note"
+    workers._register({"upcaster spaced note v2 v7": named})
+    assert codec.vocabulary()["upcaster spaced note v2 v7"] is _upcast_note
+    assert ("spaced note v2", 7) in codec._UPCASTERS

@@ -60,6 +60,43 @@ def test_lines_written_by_workers_are_those_one_process_prints(
     assert len(alone.splitlines()) > SMALL_CHUNK * workers.IN_FLIGHT * 2 or args
 
 
+def test_time_filters_and_steps_inside_the_run_print_what_one_process_prints(
+    run: AuditedRun, pools: list[int]
+) -> None:
+    from eventlog.cli.times import format_ns
+
+    times = sorted({r.recorded_at for r in run.h.log.read()})
+    since, until = format_ns(times[len(times) // 4]), format_ns(times[3 * len(times) // 4])
+    for args in (["--since", since, "--until", until], ["--step", "1"], ["--checkpoint", "1"]):
+        alone = cli("replay", run.path, "--json", *args, "--jobs", "1")
+        shared = cli("replay", run.path, "--json", *args, "--jobs", "2")
+        assert (shared.exit_code, shared.stdout, shared.stderr) == (
+            alone.exit_code,
+            alone.stdout,
+            alone.stderr,
+        ), args
+        assert alone.exit_code == 0 and alone.stdout, (args, alone.stderr)
+    first = [json.loads(line)["seq"] for line in alone.stdout.splitlines()][:1]
+    assert first and pools, "the step ranges went through workers"
+
+
+def test_lines_stop_at_the_head_the_command_started_at(
+    log_file: str, pools: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records appended while replay runs are not printed (they would be unmarked by the
+    marks read at its start): with workers or without, the log as of its head."""
+    from eventlog.log import EventLog
+
+    append_notes(log_file, SMALL_CHUNK * 6)
+    pinned = SMALL_CHUNK * 4 + 2
+    monkeypatch.setattr(EventLog, "head", lambda self: pinned)
+    for jobs in ("1", "2"):
+        printed = [
+            json.loads(line)["seq"] for line in replay(log_file, "--jobs", jobs).splitlines()
+        ]
+        assert printed == list(range(1, pinned + 1)), jobs
+
+
 def test_a_selected_stream_is_printed_by_this_process(run: AuditedRun, pools: list[int]) -> None:
     replay(run.path, "--stream", "controller", "--jobs", "2")
     assert pools == []

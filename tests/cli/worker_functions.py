@@ -17,6 +17,13 @@ def exit_now(state: None, code: int) -> int:
     os._exit(code)
 
 
+def exit_if_negative(state: None, n: int) -> int:
+    """`n`, or die mid-chunk when it is negative."""
+    if n < 0:
+        os._exit(3)
+    return n
+
+
 def interrupt_self(state: None, n: int) -> int:
     """Ctrl-C this worker, then go on."""
     os.kill(os.getpid(), signal.SIGINT)
