@@ -33,7 +33,7 @@ from eventlog.cli.views import (
 from eventlog.cli.workers import Carried, Workers, jobs_for, jobs_option, portable_vocabulary
 from eventlog.errors import SchemaError
 from eventlog.log import EventLog
-from eventlog.store.base import RecordRow, record_of_row
+from eventlog.store.base import RecordRow, check_seq, record_of_row
 
 
 @dataclass
@@ -208,6 +208,7 @@ def replay(
                 for stream, seqs in found.seqs.items():
                     single.setdefault(stream, set()).update(seqs)
         wanted = sorted(whole | set(single)) if by_stream else None
+        check_seq("until_seq", high)  # the log is read as of its head, never past this
         head = log.head()
         last = head if high is None else min(high, head)
         mark_of = marker.marks(log, head) if marker is not None else None

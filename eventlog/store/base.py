@@ -662,8 +662,8 @@ class SqlStore:
     def versions_between(self, from_seq: int, until_seq: int) -> dict[str, int]:
         """The newest version of every stream with a record in from_seq..until_seq, as of
         until_seq (one grouped scan of that range)."""
-        _check_seq("from_seq", from_seq)
-        _check_seq("until_seq", until_seq)
+        check_seq("from_seq", from_seq)
+        check_seq("until_seq", until_seq)
         rows = self._rows(self._sql(_VERSIONS_BETWEEN_SQL), [from_seq, until_seq])
         return {stream: _stored_version(stream, version) for stream, version in rows}
 
@@ -703,8 +703,8 @@ class SqlStore:
     ) -> Iterator[RecordRow]:
         """`read` as checked rows (the columns in table order), for callers that build
         their own objects from them (`EventLog.read` decodes straight into its records)."""
-        _check_seq("from_seq", from_seq)
-        _check_seq("until_seq", until_seq)
+        check_seq("from_seq", from_seq)
+        check_seq("until_seq", until_seq)
         if (streams is not None and not streams) or (types is not None and not types):
             return
         yield from self._by_seq(
@@ -722,8 +722,8 @@ class SqlStore:
         (only those of `types`, when given), in seq order, checked: what a whole-log audit
         or a rebuild decodes, without the columns it does not read (a third fewer values for
         the driver to build per record)."""
-        _check_seq("from_seq", from_seq)
-        _check_seq("until_seq", until_seq)
+        check_seq("from_seq", from_seq)
+        check_seq("until_seq", until_seq)
         if types is not None and not types:
             return
         yield from self._by_seq(
@@ -774,7 +774,7 @@ class SqlStore:
     def counts(self, until_seq: int) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of every record up to `until_seq`, in
         one aggregate query: counting needs no record in Python."""
-        _check_seq("until_seq", until_seq)
+        check_seq("until_seq", until_seq)
         sql = self._sql(
             f"SELECT type, {self.dialect.stream_kind}, count(*), min(seq) FROM events "
             "WHERE seq <= {m} GROUP BY 1, 2"
@@ -916,7 +916,7 @@ MAX_SEQ = 2**63 - 1
 """The largest seq any backend can store (a signed 64-bit integer)."""
 
 
-def _check_seq(name: str, value: int | None) -> None:
+def check_seq(name: str, value: int | None) -> None:
     """A seq bound no log can reach is a caller's mistake, not a driver's OverflowError."""
     if value is not None and not -MAX_SEQ <= value <= MAX_SEQ:
         raise InvalidEventError(
@@ -925,7 +925,7 @@ def _check_seq(name: str, value: int | None) -> None:
 
 
 def _check_version(name: str, value: int) -> None:
-    """A version bound is an int a stream can reach (as `_check_seq` bounds a seq)."""
+    """A version bound is an int a stream can reach (as `check_seq` bounds a seq)."""
     if isinstance(value, bool) or not isinstance(value, int) or not -MAX_SEQ <= value <= MAX_SEQ:
         raise InvalidEventError(
             f"{name} must be an int in -{MAX_SEQ}..{MAX_SEQ} (no stream's version is beyond "
