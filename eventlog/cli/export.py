@@ -500,9 +500,8 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
                 workers = stack.enter_context(Workers(jobs, vocabulary, setup, _build_range))
                 chunks = workers.map(ranges)
             else:
-                mark_of = marker.marks(log, head) if marker is not None else None
-                builder = ChunkBuilder(fmt, event_types(), mark_of, mark_column)
-                chunks = (builder.build(_read(log, low, high)) for low, high in ranges)
+                here = (log, _builder(log, fmt, head, marker))
+                chunks = (_build_range(here, seqs) for seqs in ranges)
             try:
                 with seq_progress("export", 1, head) as advance:
                     pids = _write_chunks(chunks, records, sinks, make_table, output, advance)
@@ -563,19 +562,23 @@ def _read(log: EventLog, low: int, high: int) -> list[RecordRow]:
     return list(log.read_rows(low, high, page_size=BATCH))
 
 
+def _builder(log: EventLog, fmt: str, head: int, marker: Marker | None) -> ChunkBuilder:
+    """A builder whose marks are those of the log as of the command's head."""
+    mark_of = marker.marks(log, head) if marker is not None else None
+    column = marker.column if marker is not None else None
+    return ChunkBuilder(fmt, event_types(), mark_of, column)
+
+
 def _setup_worker(
     target: str, fmt: str, head: int, marker: Marker | None
 ) -> tuple[EventLog, ChunkBuilder]:
-    """In a worker process: its own read-only connection to the log, and a builder whose
-    marks are those of the log as of the command's head."""
+    """In a worker process: its own read-only connection to the log, and its builder."""
     log = open_log(target)
-    mark_of = marker.marks(log, head) if marker is not None else None
-    column = marker.column if marker is not None else None
-    return log, ChunkBuilder(fmt, event_types(), mark_of, column)
+    return log, _builder(log, fmt, head, marker)
 
 
 def _build_range(state: tuple[EventLog, ChunkBuilder], seqs: tuple[int, int]) -> Chunk:
-    """In a worker process: the chunk of records low..high."""
+    """The chunk of records low..high (in a worker process, or in the command's own)."""
     log, builder = state
     with collector.paused(long=True):
         return builder.build(_read(log, *seqs))

@@ -211,20 +211,29 @@ def replay(
         check_seq("until_seq", high)  # the log is read as of its head, never past this
         head = log.head()
         last = head if high is None else min(high, head)
-        mark_of = marker.marks(log, head) if marker is not None else None
         if as_json and not by_stream:
             ranges = [(n, min(n + JSON_CHUNK - 1, last)) for n in range(low, last + 1, JSON_CHUNK)]
             worker_count = jobs_for(len(ranges), jobs)
             vocabulary = portable_vocabulary()
             if worker_count > 1 and vocabulary is not None:
-                options = _JsonOptions(run_target(target), head, marker, list(types), since, until)
-                setup = functools.partial(_setup_worker, options, hide_marked, allow_unknown)
+                options = _JsonOptions(
+                    run_target(target),
+                    head,
+                    marker,
+                    list(types),
+                    since,
+                    until,
+                    hide_marked,
+                    allow_unknown,
+                )
+                setup = functools.partial(_setup_worker, options)
                 with (
                     seq_progress("replay", low, last) as advance,
                     Workers(worker_count, vocabulary, setup, _json_range) as workers,
                 ):
                     _print_json_chunks(zip(ranges, workers.map(ranges), strict=True), advance)
                 return
+        mark_of = marker.marks(log, head) if marker is not None else None  # (workers read theirs)
         rows = log.read_rows(low, last, wanted, list(types) or None)  # as of the head, as marked
         if single:
             rows = (r for r in rows if r[1] in whole or r[0] in single.get(r[1], ()))
@@ -343,31 +352,29 @@ class _JsonOptions:
     types: list[str]
     since: int | None
     until: int | None
-
-
-@dataclass(frozen=True)
-class _JsonWorker:
-    """A worker's own read-only connection, the marks as of the command's head, and how
-    the command prints."""
-
-    log: EventLog
-    options: _JsonOptions
-    mark_of: Callable[[int], Mark | None] | None
     hide_marked: bool
     allow_unknown: bool
 
 
-def _setup_worker(options: _JsonOptions, hide_marked: bool, allow_unknown: bool) -> _JsonWorker:
+@dataclass(frozen=True)
+class _JsonWorker:
+    """A worker's own read-only connection and the marks as of the command's head."""
+
+    log: EventLog
+    options: _JsonOptions
+    mark_of: Callable[[int], Mark | None] | None
+
+
+def _setup_worker(options: _JsonOptions) -> _JsonWorker:
     log = open_log(options.target)
     marker = options.marker
-    mark_of = marker.marks(log, options.head) if marker is not None else None
-    return _JsonWorker(log, options, mark_of, hide_marked, allow_unknown)
+    return _JsonWorker(log, options, marker.marks(log, options.head) if marker else None)
 
 
 def _json_range(worker: _JsonWorker, seqs: tuple[int, int]) -> tuple[bytes, Carried | None]:
     """In a worker process: the lines of the records low..high, and the error that stopped
     them, if one did (the lines before it are printed first, as without workers)."""
-    log, options, mark_of = worker.log, worker.options, worker.mark_of
+    log, options = worker.log, worker.options
     parts: list[bytes] = []
 
     def keep(chunk: bytearray) -> None:
@@ -376,10 +383,10 @@ def _json_range(worker: _JsonWorker, seqs: tuple[int, int]) -> tuple[bytes, Carr
 
     rows = log.read_rows(*seqs, None, options.types or None)
     selected = _selected(
-        rows, _no_progress, options.since, options.until, mark_of, worker.hide_marked
+        rows, _no_progress, options.since, options.until, worker.mark_of, options.hide_marked
     )
     try:
-        json_lines(selected, worker.allow_unknown, keep)
+        json_lines(selected, options.allow_unknown, keep)
     except Exception as exc:
         return b"".join(parts), Carried(exc)
     return b"".join(parts), None

@@ -2,8 +2,8 @@
 lends, with what each chunk's result depends on made the same in every process.
 
 A worker is a fresh interpreter (`spawn`: it inherits no thread, lock or open connection of
-the command's process). It imports the modules that hold the command's event types and
-upcasters, and refuses to work when its vocabulary is not the command's: two processes that
+the command's process). It rebuilds the command's event types and upcasters by importable
+name, and refuses to work when its vocabulary is not the command's: two processes that
 decode a record differently would write a table no single process writes. An error raised in
 a worker is carried back as itself (type, message, attributes), so the command reports it as
 it would have without workers.
@@ -87,14 +87,19 @@ def portable_vocabulary() -> dict[str, str] | None:
         module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
         if not isinstance(module, str) or module == "__main__" or "<locals>" in qualname:
             return None
-        found: Any = sys.modules.get(module)
-        for part in qualname.split("."):
-            found = getattr(found, part, None)
-        if found is not obj:
+        if _attribute(sys.modules.get(module), qualname) is not obj:
             return None
         schema = getattr(obj, "schema", None)
         named[key] = f"{module}:{qualname}" + (f" v{schema}" if isinstance(schema, int) else "")
     return named
+
+
+def _attribute(module: object, qualname: str) -> Any:
+    """What `qualname` names in `module` (None when it names nothing there)."""
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 class Carried:
@@ -153,12 +158,10 @@ def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], A
         for module in modules:
             importlib.import_module(module)
         _register(vocabulary)
-        found = portable_vocabulary()
+        found = portable_vocabulary() or {}
         if found != vocabulary:
             differ = sorted(
-                key
-                for key in {*vocabulary, *(found or {})}
-                if vocabulary.get(key) != (found or {}).get(key)
+                key for key in {*vocabulary, *found} if vocabulary.get(key) != found.get(key)
             )
             raise EventLogError(
                 "a worker process decodes records otherwise than this one "
@@ -176,12 +179,10 @@ def _register(vocabulary: dict[str, str]) -> None:
     the module that registers, which need not be the one that defines)."""
     have = codec.vocabulary()
     for key, value in vocabulary.items():
-        module, _, qualname = value.split(" ")[0].partition(":")
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
         if key in have:  # the same, or another one the check below names
             continue
+        module, _, qualname = value.split(" ")[0].partition(":")
+        found = _attribute(importlib.import_module(module), qualname)
         if key.startswith("type "):
             event_type(found)
         else:  # "upcaster NAME vN" (a type's name may hold spaces)

@@ -182,8 +182,17 @@ def test_a_worker_opens_the_log_read_only_with_the_marks_as_of_the_head(
             asked.append(until_seq)
 
     before = Path(run.path).read_bytes()
-    options = _JsonOptions(run.path, 17, Marks(), [], None, None)  # type: ignore[arg-type]
-    worker = _setup_worker(options, False, False)
+    options = _JsonOptions(
+        target=run.path,
+        head=17,
+        marker=Marks(),  # type: ignore[arg-type]
+        types=[],
+        since=None,
+        until=None,
+        hide_marked=False,
+        allow_unknown=False,
+    )
+    worker = _setup_worker(options)
     with worker.log, pytest.raises(EventLogError):
         worker.log.append("s", [CliNote(text="x")])
     assert asked == [17]
