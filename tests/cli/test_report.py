@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.audited_run import AuditedRun
+from tests.cli.audited_run import AuditedRun, train, work
 from tests.cli.helpers import cli, collector_states_at_fold
+from tests.fixtures.ledger import Harness
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -28,6 +29,16 @@ def chromium() -> str:
             pytest.fail("CI must have chromium (.ci/run installs Debian's package)")
         pytest.skip("chromium is not installed (apt-get install chromium)")
     return CHROMIUM
+
+
+def page_check(page: Path, tmp_path: Path) -> dict[str, str]:
+    """What the page's own check found in Chromium (plots, drawn, clipped, errors); no
+    console message either."""
+    dom, log = open_in_chromium(page, tmp_path)
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body is not None, dom[:500]
+    assert ":CONSOLE" not in log, [line for line in log.splitlines() if ":CONSOLE" in line]
+    return dict(re.findall(r'data-(\w+)="(\d+)"', body.group(1)))
 
 
 def open_in_chromium(page: Path, tmp_path: Path) -> tuple[str, str]:
@@ -68,12 +79,33 @@ def test_report_is_self_contained_and_every_plot_draws_in_chromium(
     assert figures == ["lifecycles", "steps", "staleness", "append-rate"]
     assert text.count("restore") >= 3  # marked on the plots' legends
 
-    dom, log = open_in_chromium(page, tmp_path)
-    body = re.search(r"<body([^>]*)>", dom)
-    assert body is not None, dom[:500]
-    attributes = dict(re.findall(r'data-(\w+)="(\d+)"', body.group(1)))
-    assert attributes == {"plots": "4", "drawn": "4", "errors": "0"}
-    assert ":CONSOLE" not in log, [line for line in log.splitlines() if ":CONSOLE" in line]
+    assert page_check(page, tmp_path) == {"plots": "4", "drawn": "4", "clipped": "0", "errors": "0"}
+
+
+def test_no_text_of_a_plot_is_cut_off_by_a_long_group_id(harness: Harness, tmp_path: Path) -> None:
+    """The margins are sized from what the axes hold (no layout engine measures the texts):
+    a long group id on the Gantt's axis still fits in the picture."""
+    group_id = "rollout-group-with-a-rather-long-name-0000000017"
+    harness.reserve(group_id, n=2, agent="math_agent", task="math", target_step=1)
+    harness.dispatch(group_id)
+    for index in range(2):
+        work(harness, group_id, index)
+    train(harness, group_id, 1)
+    harness.checkpoint(1)
+    page = tmp_path / "run.html"
+    result = cli("report", str(harness.path), "-o", str(page))
+    assert result.exit_code == 0, result.stderr
+    assert group_id in page.read_text()
+    assert page_check(page, tmp_path) == {"plots": "4", "drawn": "4", "clipped": "0", "errors": "0"}
+
+
+def test_the_same_log_gives_the_same_page_byte_for_byte(run: AuditedRun, tmp_path: Path) -> None:
+    """No date and no random ids in the plots: an auditor can compare two reports' bytes."""
+    pages = [tmp_path / "a.html", tmp_path / "b.html"]
+    for page in pages:
+        result = cli("report", run.path, "-o", str(page))
+        assert result.exit_code == 0, result.stderr
+    assert pages[0].read_bytes() == pages[1].read_bytes()
 
 
 def test_report_of_a_log_without_recovery_records_is_a_usage_error(

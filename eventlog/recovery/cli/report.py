@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 GANTT_GROUPS = 60
+WIDTH_IN = 11.0
 STALENESS_SERIES = 8
 RATE_BINS = 120
 COLORS = {
@@ -185,16 +187,47 @@ def _gantt(pic: RunPicture) -> dict[type, Watch]:
 # -- drawing ----------------------------------------------------------------------------------
 
 
+def _painting() -> None:
+    """Set matplotlib up as every plot is drawn: text stays text (smaller, searchable), and
+    the SVG's ids and metadata depend on the plot alone, so the same log gives the same
+    page, byte for byte."""
+    import matplotlib
+
+    matplotlib.rcParams["svg.fonttype"] = "none"
+    matplotlib.rcParams["svg.hashsalt"] = "eventlog report"
+
+
 def _figure(height: float) -> Figure:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, height), layout="constrained")
-    return fig
+    return Figure(figsize=(WIDTH_IN, height))
+
+
+def _place(fig: Figure, left: float) -> None:
+    """Margins in inches: the left one sized from the tick labels (`_label_in`), the others
+    fixed room for a title above and tick labels and a label below. A layout engine that
+    measures every text to find them cost half of the drawing."""
+    height = fig.get_figheight()
+    fig.subplots_adjust(
+        left=left / WIDTH_IN, right=1 - 0.2 / WIDTH_IN, bottom=0.55 / height, top=1 - 0.4 / height
+    )
+
+
+def _label_in(chars: int, points: float = 10.0) -> float:
+    """The width of a tick label of `chars` characters (DejaVu Sans, at most ~0.6 em each)."""
+    return chars * points * 0.6 / 72
+
+
+def _number_chars(values: Iterable[float]) -> int:
+    """Characters of the widest tick label of an axis up to max(values): a million and more
+    is written scaled, its power of ten above the axis; an axis of zeros reads ±0.04."""
+    top = max(values, default=0)
+    return 4 if top >= 1e6 else max(len(str(int(top))) + 2, 5)
 
 
 def _svg(fig: Figure) -> str:
     out = io.StringIO()
-    fig.savefig(out, format="svg")
+    fig.savefig(out, format="svg", metadata={"Date": None})
     text = out.getvalue()
     return text[text.index("<svg") :]  # drop the XML prologue: inline in HTML
 
@@ -251,6 +284,7 @@ def plot_gantt(pic: RunPicture) -> Figure:
     ax.set_xlabel("seconds since the first record")
     ax.set_title("Group lifecycles: attempts per group (bar = worker run, color = verdict)")
     ax.legend(loc="upper right", fontsize=7, ncols=4)
+    _place(fig, 0.25 + min(_label_in(max(map(len, rows), default=1), 7), 4.0))
     return fig
 
 
@@ -284,6 +318,10 @@ def plot_steps(pic: RunPicture) -> Figure:
         if any(s.restores for s in steps):
             ax.plot([], [], color="#c92a2a", linestyle="--", label="step with a restore")
         ax.legend(fontsize=7)
+    _place(
+        fig,
+        0.2 + _label_in(_number_chars([*[s.retries for s in steps], *[s.failed for s in steps]])),
+    )
     return fig
 
 
@@ -311,6 +349,7 @@ def plot_staleness(pic: RunPicture) -> Figure:
     ax.set_title("Staleness of trained siblings")
     if lags:
         ax.legend(fontsize=7)
+    _place(fig, 0.5 + _label_in(_number_chars(bottom)))
     return fig
 
 
@@ -330,6 +369,7 @@ def plot_rate(pic: RunPicture) -> Figure:
     ax.set_ylabel("records per second")
     ax.set_title("Append rate")
     ax.legend(fontsize=7)
+    _place(fig, 0.5 + _label_in(_number_chars([n / width for n in pic.rate])))
     return fig
 
 
@@ -343,7 +383,8 @@ PLOTS = (
 _CHECK = """
 <script>
 // Self-check for people and for the test: every plot drew (an SVG with a visible box and
-// drawn paths), and no script error happened.
+// drawn paths), no text of a plot lies outside its picture (a label cut off by too narrow
+// a margin), and no script error happened.
 window.__errors = [];
 window.addEventListener("error", (e) => window.__errors.push(String(e.message)));
 window.addEventListener("load", () => {
@@ -354,6 +395,17 @@ window.addEventListener("load", () => {
     const box = svg.getBoundingClientRect();
     return box.width > 0 && box.height > 0 && svg.querySelectorAll("path").length > 0;
   });
+  const outside = (f) => {
+    const svg = f.querySelector("svg");
+    if (!svg) return 0;
+    const box = svg.getBoundingClientRect();
+    return [...svg.querySelectorAll("text")].filter((t) => {
+      const r = t.getBoundingClientRect();
+      return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1 ||
+        r.top < box.top - 1 || r.bottom > box.bottom + 1);
+    }).length;
+  };
+  document.body.dataset.clipped = String(plots.reduce((n, f) => n + outside(f), 0));
   document.body.dataset.plots = String(plots.length);
   document.body.dataset.drawn = String(drawn.length);
   document.body.dataset.errors = String(window.__errors.length);
@@ -370,9 +422,7 @@ table { border-collapse: collapse; } td { padding: 0.15em 1em 0.15em 0; }
 
 def render(target: str, pic: RunPicture) -> str:
     assert pic.stats is not None
-    import matplotlib
-
-    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, searchable
+    _painting()
     total = pic.stats.total
     facts = [
         ("log", shown_target(target)),
@@ -388,9 +438,10 @@ def render(target: str, pic: RunPicture) -> str:
         ("tokens", f"{total.tokens_staged:,} staged, {total.tokens_discarded:,} discarded"),
     ]
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts)
-    figures = []
-    for name, plot in PLOTS:
-        figures.append(f'<figure class="plot" data-plot="{name}">{_svg(plot(pic))}</figure>')
+    figures = [
+        f'<figure class="plot" data-plot="{name}">{_svg(plot(pic))}</figure>'
+        for name, plot in PLOTS
+    ]
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>eventlog report: {html.escape(shown_target(target))}</title>"
