@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,3 +172,21 @@ def test_the_report_s_pass_runs_with_the_cyclic_collector_paused(
     assert result.exit_code == 0, result.stderr
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_margins_leave_room_for_what_an_axis_holds_and_no_more() -> None:
+    """The left margin grows with the tick labels and a y label, up to 4 in (a group id of
+    any length leaves the plot most of the width); numbers from a million on are written
+    scaled (short labels); an axis of zeros is labelled ±0.04."""
+    from eventlog.recovery.cli import report
+
+    def left(chars: int, **kw: Any) -> float:
+        fig = report._figure(3.0)
+        report._place(fig, chars, **kw)
+        return float(fig.subplotpars.left) * report.WIDTH_IN
+
+    assert left(5, ylabel=True) > left(5) + 0.25
+    assert left(20) > left(5)
+    assert left(10_000, points=7) == pytest.approx(4.2)
+    assert report._number_chars([3_000_000]) < report._number_chars([999_999])
+    assert report._number_chars([0]) == len("−0.04")

@@ -203,19 +203,16 @@ def _figure(height: float) -> Figure:
     return Figure(figsize=(WIDTH_IN, height))
 
 
-def _place(fig: Figure, left: float) -> None:
-    """Margins in inches: the left one sized from the tick labels (`_label_in`), the others
-    fixed room for a title above and tick labels and a label below. A layout engine that
-    measures every text to find them cost half of the drawing."""
+def _place(fig: Figure, chars: int, *, points: float = 10.0, ylabel: bool = False) -> None:
+    """Margins in inches, set here rather than by a layout engine (which measured every text
+    and was half the drawing): on the left, room for tick labels of `chars` characters at
+    `points` (DejaVu Sans, at most ~0.6 em each; 4 in at most) and for a y label; above, a
+    title; below, tick labels and an x label."""
+    left = 0.2 + min(chars * points * 0.6 / 72, 4.0) + (0.3 if ylabel else 0.0)
     height = fig.get_figheight()
     fig.subplots_adjust(
         left=left / WIDTH_IN, right=1 - 0.2 / WIDTH_IN, bottom=0.55 / height, top=1 - 0.4 / height
     )
-
-
-def _label_in(chars: int, points: float = 10.0) -> float:
-    """The width of a tick label of `chars` characters (DejaVu Sans, at most ~0.6 em each)."""
-    return chars * points * 0.6 / 72
 
 
 def _number_chars(values: Iterable[float]) -> int:
@@ -284,7 +281,7 @@ def plot_gantt(pic: RunPicture) -> Figure:
     ax.set_xlabel("seconds since the first record")
     ax.set_title("Group lifecycles: attempts per group (bar = worker run, color = verdict)")
     ax.legend(loc="upper right", fontsize=7, ncols=4)
-    _place(fig, 0.25 + min(_label_in(max(map(len, rows), default=1), 7), 4.0))
+    _place(fig, max(map(len, rows), default=1), points=7)
     return fig
 
 
@@ -318,10 +315,7 @@ def plot_steps(pic: RunPicture) -> Figure:
         if any(s.restores for s in steps):
             ax.plot([], [], color="#c92a2a", linestyle="--", label="step with a restore")
         ax.legend(fontsize=7)
-    _place(
-        fig,
-        0.2 + _label_in(_number_chars([*[s.retries for s in steps], *[s.failed for s in steps]])),
-    )
+    _place(fig, _number_chars([n for s in steps for n in (s.retries, s.failed)]))
     return fig
 
 
@@ -349,7 +343,7 @@ def plot_staleness(pic: RunPicture) -> Figure:
     ax.set_title("Staleness of trained siblings")
     if lags:
         ax.legend(fontsize=7)
-    _place(fig, 0.5 + _label_in(_number_chars(bottom)))
+    _place(fig, _number_chars(bottom), ylabel=True)
     return fig
 
 
@@ -358,9 +352,10 @@ def plot_rate(pic: RunPicture) -> Figure:
     ax = fig.add_subplot()
     span = max(pic.last_ns - pic.first_ns, 1) / 1e9
     width = span / RATE_BINS
+    rates = [n / width for n in pic.rate]
     ax.plot(
         [(i + 0.5) * width for i in range(RATE_BINS)],
-        [n / width for n in pic.rate],
+        rates,
         color="#1c7ed6",
         label="records/s",
     )
@@ -369,7 +364,7 @@ def plot_rate(pic: RunPicture) -> Figure:
     ax.set_ylabel("records per second")
     ax.set_title("Append rate")
     ax.legend(fontsize=7)
-    _place(fig, 0.5 + _label_in(_number_chars([n / width for n in pic.rate])))
+    _place(fig, _number_chars(rates), ylabel=True)
     return fig
 
 
