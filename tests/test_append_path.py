@@ -382,6 +382,60 @@ def test_a_new_stream_appended_with_no_stream_costs_no_version_read(
         assert log.head() == 7 and log.verify().ok
 
 
+def _tail_reads(statements: list[str]) -> int:
+    return sum("ORDER BY seq DESC LIMIT 1" in s for s in statements)
+
+
+def test_the_writer_links_to_its_own_last_commit_without_reading_the_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the tail this writer committed last is not read again: inserting seq
+    head + 1 is what checks that nobody appended since. The first append reads it, and so
+    does a batch that adds no row (nothing else would check it)."""
+    statements = _traced(monkeypatch)
+    with EventLog.open(tmp_path / "log.db") as log:
+        log.append("a", [LogNote(text="x")], NO_STREAM)
+        assert _tail_reads(statements) == 1
+        statements.clear()
+        for version in range(3):
+            log.append("a", [LogNote(text="y")], version)
+        log.append_batch([AppendRequest(f"s{i}", [LogNote(text="z")]) for i in range(3)])
+        assert _tail_reads(statements) == 0
+        with pytest.raises(ConcurrencyError):
+            log.append("a", [LogNote(text="late")], 0)
+        assert _tail_reads(statements) == 1
+        assert log.head() == 7 and log.verify().ok
+
+
+def test_another_writers_append_fails_the_unread_tail_and_the_batch_is_planned_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer appended behind this one's back: the row of seq head + 1 exists, so
+    the insert fails, and the batch is planned again with tail and versions read. A request
+    whose cached version was stale then fails with the version the log holds; the next one
+    lands after the other writer's records, on an unbroken chain."""
+    path = tmp_path / "log.db"
+    statements = _traced(monkeypatch)
+    with EventLog.open(path) as log, EventLog.open(path) as other:
+        log.append("a", [LogNote(text="x")], NO_STREAM)
+        other.append("a", [LogNote(text="theirs")], 0)
+        other.append("b", [LogNote(text="theirs")], NO_STREAM)
+        statements.clear()
+        with pytest.raises(ConcurrencyError) as refused:
+            log.append("a", [LogNote(text="mine")], 0)  # version 0 is what it last wrote
+        assert (refused.value.stream, refused.value.actual) == ("a", 1)
+        assert _tail_reads(statements) == 1
+        assert sum(s.startswith("INSERT") for s in statements) == 1  # the failed guess
+        landed = log.append("b", [LogNote(text="mine")], 0)
+        assert (landed.seqs, landed.versions) == ([4], [1])
+        # A stale cached version refuses a request that is right, and a refusal adds no row
+        # to check the tail: the batch reads it, finds it moved, and plans again.
+        other.append("a", [LogNote(text="theirs")], 1)
+        landed = log.append("a", [LogNote(text="mine")], 2)
+        assert (landed.seqs, landed.versions) == ([6], [3])
+        assert log.verify().ok and log.head() == 6
+
+
 def test_a_stream_taken_to_be_new_that_exists_fails_alone_with_its_concurrency_error(
     log_target: str,
 ) -> None:
@@ -415,8 +469,10 @@ def test_a_stream_taken_to_be_new_that_exists_fails_alone_with_its_concurrency_e
             LogNote(text="mine"),
         ]
         # A guess whose submission failed for another reason was never checked: the next
-        # append to that stream does not take it as known to be new.
+        # append to that stream does not take it as known to be new. (The stream is older
+        # than this writer's last commit, so the tail it assumes is still the log's.)
         other.append("hidden", [LogNote(text="theirs")], NO_STREAM)
+        log.append("warm", [LogNote(text="x")])
         with pytest.raises(ConcurrencyError) as refused:
             log.append_batch(
                 [

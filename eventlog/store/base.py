@@ -135,6 +135,11 @@ class Dialect(Protocol):
     """SQL expression of a record's stream kind: `stream` up to its first `/` (all of it
     when it has none)."""
 
+    insert_checks_tail: bool
+    """Whether the writer may link to the tail of its own last commit without reading it:
+    where a statement costs more than the check it saves (in-process SQLite; PostgreSQL
+    reads the tail in the round trip that takes the lock anyway)."""
+
     def writer_connection(self, dbapi: Any) -> None:
         """Set up the DB-API connection the writer keeps (transactions are its own)."""
 
@@ -189,6 +194,8 @@ class _Batch:
     taken: int = 0
     assumed: list[str] = field(default_factory=list)
     """Streams taken to be new without reading their version (see `_assumable`)."""
+    own_tail: bool = False
+    """The tail was taken to be this writer's last commit, unread (see `_open_batch`)."""
 
 
 class SqlStore:
@@ -202,6 +209,8 @@ class SqlStore:
         # Stream versions as of seq `_known_head`, from our own commits. Valid only while the
         # log's head is still that seq (nobody else appended since), checked in each batch.
         self._known_head = -1
+        self._known_chain = chain.GENESIS
+        """The chain value of seq `_known_head` (ours: we wrote it)."""
         self._known_versions: dict[str, int | None] = {}
         self._writer_conn: Connection | None = None
         self._statements: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -226,6 +235,8 @@ class SqlStore:
         """
         try:
             return self._write_once(submissions, assume)
+        except _TailMoved:
+            return self.write(submissions, assume=False)
         except DamagedRecordError as exc:
             # A damaged record (of one stream, most often) is not every submission's concern.
             if len(submissions) == 1:
@@ -283,6 +294,8 @@ class SqlStore:
         self._assumed = False
         try:
             return self._write_in(conn, submissions, assume)
+        except _TailMoved:  # rolled back, nothing wrong with the connection
+            raise
         except BaseException:
             # After a failed commit the connection's state is not worth trusting: drop it from
             # the pool too (a connection the server closed would fail the next batch again).
@@ -322,6 +335,8 @@ class SqlStore:
                 if batch.rows:
                     cursor.executemany(self.dialect.insert_sql, batch.rows)
                     self.dialect.after_write(cursor, batch.head)
+                elif batch.own_tail:  # no row of seq head + 1 checked the tail: read it
+                    _require_own_tail(dbapi, batch.head, batch.last_chain)
                 self.dialect.commit_write(cursor)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -338,22 +353,30 @@ class SqlStore:
         if len(self._known_versions) > _KNOWN_STREAMS:
             self._known_versions = {}
         self._known_versions.update(versions)
-        self._known_head = batch.head
+        self._known_head, self._known_chain = batch.head, batch.last_chain
         return outcomes
 
     def _open_batch(self, dbapi: Any, submissions: Sequence[Submission], assume: bool) -> _Batch:
         """Read what planning needs. Every query is sent before the first result is read
         (pipelined on PostgreSQL), betting that our cached versions are still the log's;
         when the tail shows another writer, the cached ones are read again."""
-        tail = dbapi.cursor()
-        tail.execute(_TAIL_SQL)
+        # The tail of our own last commit is not read where an insert checks it: seq is the
+        # primary key, seqs have no gaps and records are never deleted, so the row of seq
+        # head + 1 exists exactly when another writer appended since; its insert then fails
+        # and the batch is planned again with everything read (like a stream taken to be new).
+        own_tail = assume and self.dialect.insert_checks_tail and self._known_head >= 0
+        self._assumed = own_tail
+        tail = None
+        if not own_tail:
+            tail = dbapi.cursor()
+            tail.execute(_TAIL_SQL)
         streams = {request.stream for submission in submissions for request in submission}
         known = self._known_versions
         missing = [stream for stream in streams if stream not in known]
         assumed: list[str] = []
         if missing and assume:
             missing, assumed = _assumable(submissions, missing)
-            self._assumed = bool(assumed)
+            self._assumed = self._assumed or bool(assumed)
         version_reads = (
             [self._query(dbapi, _VERSIONS_SQL, chunk) for chunk in _chunks(missing)]
             if missing
@@ -372,8 +395,11 @@ class SqlStore:
             if supplied
             else []
         )
-        last = tail.fetchone()
-        head, last_chain = _checked_tail(last) if last else (0, chain.GENESIS)
+        if tail is None:
+            head, last_chain = self._known_head, self._known_chain
+        else:
+            last = tail.fetchone()
+            head, last_chain = _checked_tail(last) if last else (0, chain.GENESIS)
         versions: dict[str, int | None] = dict.fromkeys(missing)
         if assumed:
             versions.update(dict.fromkeys(assumed))
@@ -382,7 +408,7 @@ class SqlStore:
         if head == self._known_head:
             versions.update({stream: known[stream] for stream in streams if stream in known})
         else:  # another writer appended (or a commit failed): what we cached may be stale
-            self._known_head, self._known_versions = -1, {}
+            self._known_head, self._known_chain, self._known_versions = -1, chain.GENESIS, {}
             stale = [stream for stream in streams if stream in known]
             versions.update(dict.fromkeys(stale))
             for read in [self._query(dbapi, _VERSIONS_SQL, chunk) for chunk in _chunks(stale)]:
@@ -392,7 +418,12 @@ class SqlStore:
             for row in read.fetchall():
                 placed[bytes(row[0])] = _checked_placed(row)
         return _Batch(
-            head=head, last_chain=last_chain, versions=versions, placed=placed, assumed=assumed
+            head=head,
+            last_chain=last_chain,
+            versions=versions,
+            placed=placed,
+            assumed=assumed,
+            own_tail=own_tail,
         )
 
     def _query(self, dbapi: Any, sql: str, values: list[Any]) -> Any:
@@ -1133,6 +1164,24 @@ def _stored_version(stream: str, version: object) -> int:
         seq=0,
         column="version",
     )
+
+
+def _require_own_tail(dbapi: Any, head: int, last_chain: bytes) -> None:
+    """A batch that inserts nothing has no row to check the tail it assumed: it is read.
+    Another writer's tail means versions were taken from a stale cache: the batch is planned
+    again with everything read."""
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(_TAIL_SQL)
+        last = cursor.fetchone()
+    finally:
+        cursor.close()
+    if (_checked_tail(last) if last else (0, chain.GENESIS)) != (head, last_chain):
+        raise _TailMoved
+
+
+class _TailMoved(Exception):
+    """Another writer appended since the commit whose tail a batch assumed."""
 
 
 def _checked_tail(row: Sequence[Any]) -> tuple[int, bytes]:

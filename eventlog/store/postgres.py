@@ -53,6 +53,7 @@ class PostgresDialect:
     insert_sql = _INSERT
     placeholder = "%s"
     stream_kind = "split_part(stream, '/', 1)"
+    insert_checks_tail = False
 
     def __init__(
         self,

@@ -50,6 +50,7 @@ class SqliteDialect:
     insert_sql = _INSERT
     placeholder = "?"
     stream_kind = "substr(stream, 1, instr(stream || '/', '/') - 1)"
+    insert_checks_tail = True
 
     def __init__(
         self,
