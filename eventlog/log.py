@@ -122,7 +122,7 @@ class EventLog:
         self._store = store
         self._writer = GroupCommitWriter(store)
         self._closed = False
-        self._prepare_cpu_seconds = 0.0
+        self._caller_cpu_seconds = 0.0
 
     @classmethod
     def open(
@@ -170,9 +170,11 @@ class EventLog:
         """Append to several streams in one atomic step: every request lands, or none."""
         # The cyclic collector rests while the call encodes, plans and writes (`collector`).
         collector.pause()
+        started = time.thread_time()  # the caller's CPU: encoding, and any commit it leads
         try:
-            return self._writer.write(self._prepare(requests))
+            return self._writer.write(self._encode(requests))
         finally:
+            self._caller_cpu_seconds += time.thread_time() - started
             collector.resume()
 
     async def append_async(
@@ -191,17 +193,12 @@ class EventLog:
     def _queue_async(self, requests: Sequence[AppendRequest]) -> asyncio.Future[list[AppendResult]]:
         """Encode and queue for the writer thread; the future resolves on the running loop."""
         collector.pause()  # while encoding and queueing: never across the caller's await
-        try:
-            return self._writer.submit_async(self._prepare(requests))
-        finally:
-            collector.resume()
-
-    def _prepare(self, requests: Sequence[AppendRequest]) -> Submission:
         started = time.thread_time()
         try:
-            return self._encode(requests)
+            return self._writer.submit_async(self._encode(requests))
         finally:
-            self._prepare_cpu_seconds += time.thread_time() - started
+            self._caller_cpu_seconds += time.thread_time() - started
+            collector.resume()
 
     def _encode(self, requests: Sequence[AppendRequest]) -> Submission:
         if self._closed:
@@ -447,8 +444,9 @@ class EventLog:
 
     @property
     def cpu_seconds(self) -> float:
-        """CPU time this process spent appending: encoding in callers plus the writer thread."""
-        return self._prepare_cpu_seconds + self._writer.cpu_seconds
+        """CPU time this process spent appending: in callers (encoding, and the commits a
+        synchronous caller leads) plus the writer thread's commits."""
+        return self._caller_cpu_seconds + self._writer.cpu_seconds
 
     @property
     def backend(self) -> str:

@@ -11,6 +11,7 @@ import gc
 import select
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -533,3 +534,23 @@ def test_an_assertion_on_a_stream_the_writer_knows_adds_no_statement(
     assert not any("max(version)" in s for s in fenced)
     assert [s.split()[0] for s in fenced] == [s.split()[0] for s in unfenced]
     assert len(fenced) == len(unfenced)
+
+
+def test_cpu_seconds_counts_every_append_once(log: EventLog) -> None:
+    """`EventLog.cpu_seconds` (what the rollout benchmark charges the log): a synchronous
+    caller's time covers its encoding and the commit it leads, the writer thread's covers
+    the commits it leads for `append_async`; none is counted twice, so the total stays
+    within the process's own CPU time."""
+    process, before = time.process_time(), log.cpu_seconds
+    for index in range(200):
+        log.append(f"sync/{index}", [LogNote(text="x")], NO_STREAM)
+    synchronous = log.cpu_seconds - before
+
+    async def appends() -> None:
+        await asyncio.gather(
+            *(log.append_async(f"async/{i}", [LogNote(text="y")], NO_STREAM) for i in range(200))
+        )
+
+    asyncio.run(appends())
+    spent = log.cpu_seconds - before
+    assert 0 < synchronous < spent <= time.process_time() - process

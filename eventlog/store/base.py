@@ -366,12 +366,23 @@ class SqlStore:
         # and the batch is planned again with everything read (like a stream taken to be new).
         own_tail = assume and self.dialect.insert_checks_tail and self._known_head >= 0
         self._assumed = own_tail
+        known = self._known_versions
+        if own_tail and len(submissions) == 1 and len(submissions[0]) == 1:
+            # One request to a stream this writer knows, ids minted: nothing at all to read.
+            request = submissions[0][0]
+            if not request.chosen and request.stream in known:
+                return _Batch(
+                    head=self._known_head,
+                    last_chain=self._known_chain,
+                    versions={request.stream: known[request.stream]},
+                    placed={},
+                    own_tail=True,
+                )
         tail = None
         if not own_tail:
             tail = dbapi.cursor()
             tail.execute(_TAIL_SQL)
         streams = {request.stream for submission in submissions for request in submission}
-        known = self._known_versions
         missing = [stream for stream in streams if stream not in known]
         assumed: list[str] = []
         if missing and assume:
