@@ -213,6 +213,7 @@ class SqlStore:
         """The chain value of seq `_known_head` (ours: we wrote it)."""
         self._known_versions: dict[str, int | None] = {}
         self._writer_conn: Connection | None = None
+        self._writer_dbapi: Any = None
         self._statements: dict[tuple[str, tuple[int, ...]], str] = {}
         self._assumed = False
         """Whether the transaction being written took a stream to be new unread."""
@@ -281,19 +282,21 @@ class SqlStore:
                 outcomes.append(typed)
         return outcomes
 
-    def _connection(self) -> Connection:
-        """The writer's own connection, kept open: checking one out per batch costs a reset."""
+    def _connection(self) -> tuple[Connection, Any]:
+        """The writer's own connection, kept open (checking one out per batch costs a
+        reset), and its DB-API connection, which the writer's transactions run on."""
         conn = self._writer_conn
         if conn is None or conn.closed or conn.invalidated:
             conn = self._writer_conn = self._write_engine.connect()
-            self.dialect.writer_connection(conn.connection.dbapi_connection)
-        return conn
+            self._writer_dbapi = conn.connection.dbapi_connection
+            self.dialect.writer_connection(self._writer_dbapi)
+        return conn, self._writer_dbapi
 
     def _write_once(self, submissions: Sequence[Submission], assume: bool) -> list[Outcome]:
-        conn = self._connection()
+        conn, dbapi = self._connection()
         self._assumed = False
         try:
-            return self._write_in(conn, submissions, assume)
+            return self._write_in(dbapi, submissions, assume)
         except _TailMoved:  # rolled back, nothing wrong with the connection
             raise
         except BaseException:
@@ -305,14 +308,12 @@ class SqlStore:
             raise
 
     def _write_in(
-        self, conn: Connection, submissions: Sequence[Submission], assume: bool
+        self, dbapi: Any, submissions: Sequence[Submission], assume: bool
     ) -> list[Outcome]:
         # The writer's transaction runs on the driver's own connection: it is the hot path of
         # every append, and Core's per-statement machinery cost more than the SQL itself.
         # On PostgreSQL the statements go out pipelined: one round trip takes the lock and
         # reads tail, versions and chosen ids, one more inserts, notifies and commits.
-        dbapi = conn.connection.dbapi_connection
-        assert dbapi is not None
         cursor = dbapi.cursor()
         try:
             with self.dialect.pipeline(dbapi):

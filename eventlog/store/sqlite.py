@@ -39,6 +39,10 @@ _TYPEOF_SQL = (
 )
 
 
+_NO_PIPELINE = contextlib.nullcontext()
+"""A reusable context that does nothing (making one per transaction cost more than it)."""
+
+
 class SqliteDialect:
     """WAL + synchronous=FULL by default: a returned append survives power loss.
 
@@ -132,7 +136,7 @@ class SqliteDialect:
 
     def pipeline(self, dbapi: Any) -> contextlib.AbstractContextManager[Any]:
         """In-process: a statement's reply costs no round trip."""
-        return contextlib.nullcontext()
+        return _NO_PIPELINE
 
     def after_write(self, cursor: Any, last_seq: int) -> None:
         """Readers poll; nothing to announce."""
