@@ -396,16 +396,17 @@ def test_the_writer_links_to_its_own_last_commit_without_reading_the_tail(
     statements = _traced(monkeypatch)
     with EventLog.open(tmp_path / "log.db") as log:
         log.append("a", [LogNote(text="x")], NO_STREAM)
-        assert _tail_reads(statements) == 1
+        log.append("a", [LogNote(text="x")], 0)  # the tail is as it left it: no other writer
+        assert _tail_reads(statements) == 2
         statements.clear()
-        for version in range(3):
+        for version in range(1, 4):
             log.append("a", [LogNote(text="y")], version)
         log.append_batch([AppendRequest(f"s{i}", [LogNote(text="z")]) for i in range(3)])
         assert _tail_reads(statements) == 0
         with pytest.raises(ConcurrencyError):
             log.append("a", [LogNote(text="late")], 0)
         assert _tail_reads(statements) == 1
-        assert log.head() == 7 and log.verify().ok
+        assert log.head() == 8 and log.verify().ok
 
 
 def test_another_writers_append_fails_the_unread_tail_and_the_batch_is_planned_again(
@@ -418,7 +419,8 @@ def test_another_writers_append_fails_the_unread_tail_and_the_batch_is_planned_a
     path = tmp_path / "log.db"
     statements = _traced(monkeypatch)
     with EventLog.open(path) as log, EventLog.open(path) as other:
-        log.append("a", [LogNote(text="x")], NO_STREAM)
+        log.append("warm", [LogNote(text="x")], NO_STREAM)
+        log.append("a", [LogNote(text="x")], NO_STREAM)  # the second: the tail is its own
         other.append("a", [LogNote(text="theirs")], 0)
         other.append("b", [LogNote(text="theirs")], NO_STREAM)
         statements.clear()
@@ -427,14 +429,37 @@ def test_another_writers_append_fails_the_unread_tail_and_the_batch_is_planned_a
         assert (refused.value.stream, refused.value.actual) == ("a", 1)
         assert _tail_reads(statements) == 1
         assert sum(s.startswith("INSERT") for s in statements) == 1  # the failed guess
+        log.append("warm", [LogNote(text="y")], 0)  # the tail is its own again
         landed = log.append("b", [LogNote(text="mine")], 0)
-        assert (landed.seqs, landed.versions) == ([4], [1])
+        assert (landed.seqs, landed.versions) == ([6], [1])
         # A stale cached version refuses a request that is right, and a refusal adds no row
         # to check the tail: the batch reads it, finds it moved, and plans again.
         other.append("a", [LogNote(text="theirs")], 1)
         landed = log.append("a", [LogNote(text="mine")], 2)
-        assert (landed.seqs, landed.versions) == ([6], [3])
-        assert log.verify().ok and log.head() == 6
+        assert (landed.seqs, landed.versions) == ([8], [3])
+        assert log.verify().ok and log.head() == 8
+
+
+def test_writers_taking_turns_read_the_tail_instead_of_failing_inserts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers appending in turn (processes sharing one SQLite file) each find the
+    other's records at every commit: once a tail read has shown another writer, the tail is
+    read, not guessed, so no transaction fails an insert; a writer alone again guesses."""
+    path = tmp_path / "log.db"
+    statements = _traced(monkeypatch)
+    with EventLog.open(path) as log, EventLog.open(path) as other:
+        for turn in range(5):
+            log.append("mine", [LogNote(text="x")], turn - 1 if turn else NO_STREAM)
+            other.append("theirs", [LogNote(text="x")], turn - 1 if turn else NO_STREAM)
+        assert not any(s.startswith("ROLLBACK") for s in statements)
+        assert _tail_reads(statements) == 10
+        statements.clear()
+        for turn in range(5, 8):
+            log.append("mine", [LogNote(text="x")], turn - 1)
+        # The first finds the other's last record, the second its own: the third guesses.
+        assert _tail_reads(statements) == 2
+        assert log.verify().ok and log.head() == 13
 
 
 def test_a_stream_taken_to_be_new_that_exists_fails_alone_with_its_concurrency_error(

@@ -211,6 +211,8 @@ class SqlStore:
         self._known_head = -1
         self._known_chain = chain.GENESIS
         """The chain value of seq `_known_head` (ours: we wrote it)."""
+        self._tail_shared = True
+        """Whether the last tail read found another writer's records (or none was read)."""
         self._known_versions: dict[str, int | None] = {}
         self._writer_conn: Connection | None = None
         self._writer_dbapi: Any = None
@@ -365,7 +367,14 @@ class SqlStore:
         # primary key, seqs have no gaps and records are never deleted, so the row of seq
         # head + 1 exists exactly when another writer appended since; its insert then fails
         # and the batch is planned again with everything read (like a stream taken to be new).
-        own_tail = assume and self.dialect.insert_checks_tail and self._known_head >= 0
+        # Only while the last tail read found no other writer: writers that take turns would
+        # otherwise fail one insert per transaction.
+        own_tail = (
+            assume
+            and self.dialect.insert_checks_tail
+            and self._known_head >= 0
+            and not self._tail_shared
+        )
         self._assumed = own_tail
         known = self._known_versions
         if own_tail and len(submissions) == 1 and len(submissions[0]) == 1:
@@ -412,6 +421,7 @@ class SqlStore:
         else:
             last = tail.fetchone()
             head, last_chain = _checked_tail(last) if last else (0, chain.GENESIS)
+            self._tail_shared = head != self._known_head
         versions: dict[str, int | None] = dict.fromkeys(missing)
         if assumed:
             versions.update(dict.fromkeys(assumed))
