@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import select
+import shutil
 import socket
+import sqlite3
 import threading
 import time
 import uuid
@@ -19,7 +22,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from eventlog import NO_STREAM, AppendRequest, ConcurrencyError, EventLog, Proposed
+from eventlog import (
+    NO_STREAM,
+    AppendRequest,
+    ConcurrencyError,
+    EventLog,
+    Proposed,
+    StorageUnavailableError,
+)
 from eventlog.store.base import SqlStore
 from eventlog.store.postgres import PostgresDialect
 from eventlog.store.sqlite import SqliteDialect
@@ -579,3 +589,37 @@ def test_cpu_seconds_counts_every_append_once(log: EventLog) -> None:
     asyncio.run(appends())
     spent = log.cpu_seconds - before
     assert 0 < synchronous < spent <= time.process_time() - process
+
+
+def test_a_writer_that_reconnected_reads_the_tail_of_the_file_it_now_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed append drops the writer's connection; the file may be another by the next
+    one (a backup copied back in the meantime, a shorter log): the new connection reads the
+    tail instead of guessing the one it knew, so the append lands at the file's own head + 1
+    on an unbroken chain, not after seqs the file no longer holds."""
+    path, saved = tmp_path / "log.db", tmp_path / "backup.db"
+    with EventLog.open(path) as log:
+        for version in range(3):
+            log.append("s", [LogNote(text="x")], version - 1 if version else NO_STREAM)
+        log.backup(saved)  # head 3
+        for version in range(3, 6):
+            log.append("s", [LogNote(text="x")], version - 1)  # head 6, the tail guessed
+        begin = SqliteDialect.begin_write
+
+        def failing(self: Any, cursor: Any) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(SqliteDialect, "begin_write", failing)
+        with pytest.raises(StorageUnavailableError):  # the writer drops its connection
+            log.append("s", [LogNote(text="lost")], 5)
+        monkeypatch.setattr(SqliteDialect, "begin_write", begin)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        copy = tmp_path / "restored.db"
+        shutil.copyfile(saved, copy)
+        os.replace(copy, path)  # the backup restored in place
+        landed = log.append("t", [LogNote(text="after the restore")], NO_STREAM)
+    assert landed.seqs == [4]
+    with EventLog.open(path) as reopened:
+        assert reopened.verify().ok and reopened.head() == 4

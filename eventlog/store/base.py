@@ -290,6 +290,7 @@ class SqlStore:
         conn = self._writer_conn
         if conn is None or conn.closed or conn.invalidated:
             conn = self._writer_conn = self._write_engine.connect()
+            self._tail_shared = True  # a new connection may see another file: read the tail
             self._writer_dbapi = conn.connection.dbapi_connection
             self.dialect.writer_connection(self._writer_dbapi)
         return conn, self._writer_dbapi
