@@ -3,7 +3,8 @@
 On the realistic run log of `bench.runlog` (10^6 records, and 10^5 beside it to show memory
 stays flat in log length; 3·10^4 and 10^4 with `--quick`), each command runs as its own
 `eventlog` process, its output thrown away, and is timed from start to exit; its peak resident
-memory is that child's own `ru_maxrss` (os.wait4), so nothing of this process leaks in:
+memory is that child's own `ru_maxrss` (os.wait4), so nothing of this process leaks in, and
+its CPU time (user + system, its waited-for workers included) is reported beside the wall time:
 
 - `replay --json`: every record as JSON lines (records/s over the whole log);
 - `inspect group G`: a group admitted halfway through the log;
@@ -34,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -120,15 +121,26 @@ child = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subproce
 _, status, usage = os.wait4(child.pid, 0)
 seconds = time.perf_counter() - started
 child.returncode = os.waitstatus_to_exitcode(status)
-print(json.dumps([seconds, usage.ru_maxrss, child.returncode]))
+cpu = usage.ru_utime + usage.ru_stime
+print(json.dumps([seconds, usage.ru_maxrss, child.returncode, cpu]))
 """
 """Starts the command from a small process: on Linux a child's ru_maxrss includes the memory
 of the process it was forked from, so a child of this process (which holds the run-log
 generator's imports) would report this process's size instead of its own."""
 
 
-def timed_child(argv: Sequence[str]) -> tuple[float, float]:
-    """Run `argv` with its output discarded; (wall seconds, the child's peak RSS in MB)."""
+class Timed(NamedTuple):
+    seconds: float
+    """Wall time."""
+    maxrss_mb: float
+    """The command's peak RSS."""
+    cpu_s: float
+    """CPU time (user + system) of the command and of the worker processes it waited for:
+    beside the wall time, it tells a slower machine (both grow) from waiting (wall alone)."""
+
+
+def timed_child(argv: Sequence[str]) -> Timed:
+    """Run `argv` with its output discarded, and measure it."""
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", LAUNCHER, *argv],
         stdin=subprocess.DEVNULL,
@@ -139,10 +151,10 @@ def timed_child(argv: Sequence[str]) -> tuple[float, float]:
     )
     if done.returncode != 0:
         raise RuntimeError(f"launcher for {' '.join(argv)} failed:\n{done.stderr[-4000:]}")
-    seconds, maxrss_kib, code = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds, maxrss_kib, code, cpu = json.loads(done.stdout.strip().splitlines()[-1])
     if code != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {code}:\n{done.stderr[-4000:]}")
-    return float(seconds), maxrss_kib / 1024  # ru_maxrss is in KiB on Linux
+    return Timed(float(seconds), maxrss_kib / 1024, float(cpu))  # ru_maxrss: KiB on Linux
 
 
 PACKAGES = ("eventlog", "projections")
@@ -162,8 +174,9 @@ def command_rows(run: RunLog, repeats: int, work: Path, console: Console) -> lis
     for command in COMMANDS:
         argv = eventlog_command() + arguments(command, run, group, work)
         samples = [timed_child(argv) for _ in range(repeats)]
-        seconds = [s for s, _ in samples]
-        rss = [m for _, m in samples]
+        seconds = [s.seconds for s in samples]
+        rss = [s.maxrss_mb for s in samples]
+        cpu = [s.cpu_s for s in samples]
         median = statistics.median(seconds)
         row = {
             "command": command,
@@ -175,10 +188,13 @@ def command_rows(run: RunLog, repeats: int, work: Path, console: Console) -> lis
             "records_per_s_each": [round(run.records / s, 1) for s in seconds],
             "maxrss_mb": round(max(rss), 1),
             "maxrss_mb_each": [round(m, 1) for m in rss],
+            "cpu_s": round(statistics.median(cpu), 3),
+            "cpu_s_each": [round(c, 3) for c in cpu],
         }
         rows.append(row)
         console.print(
             f"  {run.records:>10,} records  {command:<14} {median:>7.2f} s  "
+            f"CPU {row['cpu_s']:>6.2f} s  "
             f"{row['records_per_s']:>12,.0f} rec/s  peak RSS {row['maxrss_mb']:>7,.0f} MB",
             highlight=False,
         )

@@ -44,6 +44,7 @@ def test_quick_audit_benchmark_times_every_command_at_both_sizes(tmp_path: Path)
     for row in rows:
         assert row["seconds"] > 0 and row["records_per_s"] > 0 and row["maxrss_mb"] > 0
         assert len(row["seconds_each"]) == len(row["maxrss_mb_each"]) == 1
+        assert row["cpu_s"] > 0 and len(row["cpu_s_each"]) == 1
     # each child's own peak memory, not this (larger) process's, which a fork would carry in
     ours_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     assert rows[0]["maxrss_mb"] < 0.9 * ours_mb
@@ -82,9 +83,9 @@ def test_the_project_s_bytecode_is_cached_before_any_command_is_timed(
 
     monkeypatch.setattr(audit, "cache_bytecode", cache)
 
-    def timed(argv: Sequence[str]) -> tuple[float, float]:
+    def timed(argv: Sequence[str]) -> audit.Timed:
         order.append("timed")
-        return 1.0, 1.0
+        return audit.Timed(1.0, 1.0, 1.0)
 
     monkeypatch.setattr(audit, "timed_child", timed)
     monkeypatch.setattr(audit, "middle_group", lambda path, records: "g")
