@@ -365,11 +365,11 @@ class SqlStore:
         (pipelined on PostgreSQL), betting that our cached versions are still the log's;
         when the tail shows another writer, the cached ones are read again."""
         # The tail of our own last commit is not read where an insert checks it: seq is the
-        # primary key, seqs have no gaps and records are never deleted, so the row of seq
-        # head + 1 exists exactly when another writer appended since; its insert then fails
-        # and the batch is planned again with everything read (like a stream taken to be new).
-        # Only while the last tail read found no other writer: writers that take turns would
-        # otherwise fail one insert per transaction.
+        # primary key, seqs have no gaps and records are never deleted, so if another writer
+        # appended since, the row of seq head + 1 exists; its insert then fails and the batch
+        # is planned again with everything read (like a stream taken to be new). Only while
+        # the last tail read, on this connection, found no other writer: writers that take
+        # turns would otherwise fail one insert per transaction.
         own_tail = (
             assume
             and self.dialect.insert_checks_tail
