@@ -623,3 +623,38 @@ def test_a_writer_that_reconnected_reads_the_tail_of_the_file_it_now_has(
     assert landed.seqs == [4]
     with EventLog.open(path) as reopened:
         assert reopened.verify().ok and reopened.head() == 4
+
+
+def test_a_lone_request_on_the_writers_own_tail_is_planned_with_nothing_to_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commonest append on SQLite, one request with minted ids from a writer alone on its
+    file, opens its batch without sorting the batch's streams into read and guessed ones
+    (`_assumable` is not asked), whether the writer knows the stream or takes it to be new;
+    a wrong guess is still refused by the unique index and fails with its own error."""
+    import eventlog.store.base as base
+
+    asked: list[list[str]] = []
+    assumable = base._assumable
+
+    def asking(submissions: Any, missing: list[str]) -> tuple[list[str], list[str]]:
+        asked.append(sorted(missing))
+        return assumable(submissions, missing)
+
+    monkeypatch.setattr(base, "_assumable", asking)
+    path = tmp_path / "log.db"
+    with EventLog.open(path) as log, EventLog.open(path) as other:
+        other.append("older", [LogNote(text="theirs")], NO_STREAM)
+        log.append("warm", [LogNote(text="x")], NO_STREAM)
+        log.append("warm", [LogNote(text="x")], 0)  # its own tail from here on
+        asked.clear()
+        log.append("new", [LogNote(text="x")], NO_STREAM)
+        log.append("new", [LogNote(text="y")], 0)
+        assert asked == []
+        log.append_batch([AppendRequest(s, [LogNote(text="x")], NO_STREAM) for s in "pq"])
+        assert asked == [["p", "q"]]
+        with pytest.raises(ConcurrencyError) as refused:  # older than its last commit
+            log.append("older", [LogNote(text="mine")], NO_STREAM)
+        assert (refused.value.stream, refused.value.actual) == ("older", 0)
+        assert log.append("new", [LogNote(text="z")], 1).seqs == [8]
+        assert log.verify().ok

@@ -379,14 +379,24 @@ class SqlStore:
         self._assumed = own_tail
         known = self._known_versions
         if own_tail and len(submissions) == 1 and len(submissions[0]) == 1:
-            # One request to a stream this writer knows, ids minted: nothing at all to read.
-            request = submissions[0][0]
-            if not request.chosen and request.stream in known:
+            # One request, ids minted, to a stream this writer knows or one it takes to be new
+            # (`_assumable`'s rule for a request alone): nothing at all to read.
+            stream, expected, events, chosen = submissions[0][0]
+            if not chosen and stream in known:
                 return _Batch(
                     head=self._known_head,
                     last_chain=self._known_chain,
-                    versions={request.stream: known[request.stream]},
+                    versions={stream: known[stream]},
                     placed={},
+                    own_tail=True,
+                )
+            if not chosen and expected == EXPECT_NO_STREAM and events:
+                return _Batch(
+                    head=self._known_head,
+                    last_chain=self._known_chain,
+                    versions={stream: None},
+                    placed={},
+                    assumed=[stream],
                     own_tail=True,
                 )
         tail = None
