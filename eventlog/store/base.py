@@ -381,7 +381,7 @@ class SqlStore:
         if own_tail and len(submissions) == 1 and len(submissions[0]) == 1:
             # One request, ids minted, to a stream this writer knows or one it takes to be new
             # (`_assumable`'s rule for a request alone): nothing at all to read.
-            stream, expected, events, chosen = submissions[0][0]
+            stream, expected, items, chosen = submissions[0][0]
             if not chosen and stream in known:
                 return _Batch(
                     head=self._known_head,
@@ -390,7 +390,7 @@ class SqlStore:
                     placed={},
                     own_tail=True,
                 )
-            if not chosen and expected == EXPECT_NO_STREAM and events:
+            if not chosen and expected == EXPECT_NO_STREAM and items:
                 return _Batch(
                     head=self._known_head,
                     last_chain=self._known_chain,
