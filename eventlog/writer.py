@@ -109,8 +109,8 @@ class GroupCommitWriter:
             if first is None:
                 return
             with self._leader:  # paused once leading, not while a caller's commit lasts
-                collector.pause()  # (a caller's leader commit is paused by its caller)
-                started = time.thread_time()  # (and counted in its caller's CPU)
+                collector.pause()  # (a caller's leader commit is paused by its caller,
+                started = time.thread_time()  # and its CPU counted in its caller's time)
                 try:
                     items, stop = self._drain([first])
                     self._commit(items)

@@ -658,3 +658,27 @@ def test_a_lone_request_on_the_writers_own_tail_is_planned_with_nothing_to_read(
         assert (refused.value.stream, refused.value.actual) == ("older", 0)
         assert log.append("new", [LogNote(text="z")], 1).seqs == [8]
         assert log.verify().ok
+
+
+def test_a_refusal_planned_again_after_the_tail_moved_keeps_the_writers_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that adds no row and finds the tail moved is rolled back and planned again;
+    nothing failed, so the writer keeps its connection (only a failed transaction drops it)."""
+    opened: list[int] = []
+    setup = SqliteDialect.writer_connection
+
+    def counting(self: SqliteDialect, dbapi: Any) -> None:
+        opened.append(id(dbapi))
+        setup(self, dbapi)
+
+    monkeypatch.setattr(SqliteDialect, "writer_connection", counting)
+    path = tmp_path / "log.db"
+    with EventLog.open(path) as log, EventLog.open(path) as other:
+        log.append("a", [LogNote(text="x")], NO_STREAM)
+        log.append("a", [LogNote(text="x")], 0)  # its own tail from here on
+        mine = list(opened)
+        other.append("a", [LogNote(text="theirs")], 1)
+        assert log.append("a", [LogNote(text="mine")], 2).versions == [3]  # refused, replanned
+        assert len(opened) == len(mine) + 1  # the other writer's connection, no new one
+        assert log.verify().ok

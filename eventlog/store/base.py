@@ -382,21 +382,14 @@ class SqlStore:
             # One request, ids minted, to a stream this writer knows or one it takes to be new
             # (`_assumable`'s rule for a request alone): nothing at all to read.
             stream, expected, items, chosen = submissions[0][0]
-            if not chosen and stream in known:
+            new = stream not in known and expected == EXPECT_NO_STREAM and bool(items)
+            if not chosen and (stream in known or new):
                 return _Batch(
                     head=self._known_head,
                     last_chain=self._known_chain,
-                    versions={stream: known[stream]},
+                    versions={stream: known.get(stream)},
                     placed={},
-                    own_tail=True,
-                )
-            if not chosen and expected == EXPECT_NO_STREAM and items:
-                return _Batch(
-                    head=self._known_head,
-                    last_chain=self._known_chain,
-                    versions={stream: None},
-                    placed={},
-                    assumed=[stream],
+                    assumed=[stream] if new else [],
                     own_tail=True,
                 )
         tail = None
@@ -430,15 +423,14 @@ class SqlStore:
         if tail is None:
             head, last_chain = self._known_head, self._known_chain
         else:
-            last = tail.fetchone()
-            head, last_chain = _checked_tail(last) if last else (0, chain.GENESIS)
-            self._tail_shared = head != self._known_head
+            head, last_chain = _fetched_tail(tail)
         versions: dict[str, int | None] = dict.fromkeys(missing)
         if assumed:
             versions.update(dict.fromkeys(assumed))
         for read in version_reads:
             _update_versions(versions, read.fetchall())
-        if head == self._known_head:
+        self._tail_shared = head != self._known_head  # (an unread tail is our own)
+        if not self._tail_shared:
             versions.update({stream: known[stream] for stream in streams if stream in known})
         else:  # another writer appended (or a commit failed): what we cached may be stale
             self._known_head, self._known_chain, self._known_versions = -1, chain.GENESIS, {}
@@ -1206,15 +1198,21 @@ def _require_own_tail(dbapi: Any, head: int, last_chain: bytes) -> None:
     cursor = dbapi.cursor()
     try:
         cursor.execute(_TAIL_SQL)
-        last = cursor.fetchone()
+        if _fetched_tail(cursor) != (head, last_chain):
+            raise _TailMoved
     finally:
         cursor.close()
-    if (_checked_tail(last) if last else (0, chain.GENESIS)) != (head, last_chain):
-        raise _TailMoved
 
 
 class _TailMoved(Exception):
     """Another writer appended since the commit whose tail a batch assumed."""
+
+
+def _fetched_tail(cursor: Any) -> tuple[int, bytes]:
+    """The newest seq and chain from a cursor that ran `_TAIL_SQL` (an empty log: 0 and the
+    genesis value)."""
+    last = cursor.fetchone()
+    return _checked_tail(last) if last else (0, chain.GENESIS)
 
 
 def _checked_tail(row: Sequence[Any]) -> tuple[int, bytes]:
