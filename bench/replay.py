@@ -280,13 +280,24 @@ def _child_columns(got: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _log_columns(run: RunLog) -> dict[str, int]:
+    """What a restore of this log starts from: its newest checkpoint, the records after it
+    (what the restore rolls back) and the groups in flight."""
+    newest = run.manifest["checkpoints"][-1]["seq"]
+    return {
+        "checkpoint_seq": newest,
+        "tail_records": run.manifest["head"] - newest,
+        "in_flight": run.manifest["in_flight"],
+    }
+
+
 def recovery_rows(
     run: RunLog, repeats: int, work: Path, on_row: Callable[[dict[str, Any]], None]
 ) -> list[dict[str, Any]]:
     """restore with and without snapshots, and open with them, each in its own child process.
 
     `open` without snapshots is left out: it is the same fold from seq 1 that a restore
-    without snapshots times in its `fold_s` phase (plus the last tenth of the log).
+    without snapshots times in its `fold_s` phase (plus the tail after the newest checkpoint).
     """
     last_ckpt = run.manifest["checkpoints"][-1]["seq"]
     cells = [("restore", True), ("restore", False), ("open", True)]
@@ -316,8 +327,7 @@ def recovery_rows(
             **_seconds_columns(seconds),
             "records_per_s": round(run.records / seconds["median"], 1),
             "folded_records": folded,
-            "checkpoint_seq": last_ckpt,
-            "in_flight": run.manifest["in_flight"],
+            **_log_columns(run),
             **_child_columns(got),
             "snapshots_untrusted": got[0]["snapshots_untrusted"],
             "repeats": repeats,
@@ -450,7 +460,8 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         targets.append(
             verdict(
                 f"restore from snapshot flat in log length: {large['records']:,} vs "
-                f"{small['records']:,} records",
+                f"{small['records']:,} records (tails {large['tail_records']:,} and "
+                f"{small['tail_records']:,})",
                 large["seconds"] / small["seconds"],
                 RESTORE_FLAT_TARGET,
                 [
@@ -507,8 +518,7 @@ def size_rows(
             **_seconds_columns(seconds),
             "records_per_s": round(run_info.records / seconds["median"], 1),
             "folded_records": 0,
-            "checkpoint_seq": run_info.manifest["checkpoints"][-1]["seq"],
-            "in_flight": run_info.manifest["in_flight"],
+            **_log_columns(run_info),
             **_child_columns(got),
             "repeats": repeats,
         }

@@ -6,7 +6,8 @@ GenerationStarted / TokensStaged per call / GenerationFinished (or GenerationFai
 (SiblingSealed, or GroupSealed under `prompt_group`), failures with retries, abandoned groups
 whose late results are rejected, finalization, replay selection and consumption at each train
 step, and a checkpoint (with its data-plane checkpoint and projection snapshot) every tenth of
-the log. Several hundred groups are in flight at once and their records interleave at random.
+the log, the newest one a fixed tail before the log's end. Several hundred groups are in
+flight at once and their records interleave at random.
 
 Speed: the controller's rules are checked by the same fold the ledger uses
 (`projections.siblings.fold`, which raises on any event the ledger would refuse), but the
@@ -21,6 +22,7 @@ and seed; bump GENERATOR_VERSION whenever the generated log would change.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import random
@@ -32,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import torch
 
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.events import Event
 from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
-from eventlog.recovery.checkpoint import SNAPSHOT_NAME, Snapshot
+from eventlog.recovery.checkpoint import SNAPSHOT_NAME, live_versions, save_snapshot
+from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.restore import Prompt, prompt_digest
 from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
@@ -73,11 +75,12 @@ from projections.version import PROJECTION_VERSION
 
 logger = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 5
+GENERATOR_VERSION = 6
 """Bump when the generated log changes; cached logs of other versions are rebuilt (3: the
 in-memory data plane checkpoints in its own format, and logs at migration head; 4: snapshots
 and checkpoints carry the projection version, without which a restore does not trust them;
-5: every log of 76,800 records or more holds IN_FLIGHT groups in flight)."""
+5: every log of 76,800 records or more holds IN_FLIGHT groups in flight; 6: the newest
+checkpoint lies TAIL records before the end of every log of 10 × TAIL records or more)."""
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "bench"
@@ -97,9 +100,23 @@ RECORDS_PER_GROUP_IN_FLIGHT = 150
 """A short log holds fewer in flight (one per this many records, at least four admissions),
 so its groups still get finalized and trained."""
 CHECKPOINTS = 10
+TAIL = 10_000
+"""Records after a long log's newest checkpoint (a tenth of the log in a short one). A run
+checkpoints every so many steps, so what a restore rolls back is bounded by that interval,
+not by the history behind it: logs of different lengths end with the same tail."""
 TRAIN_STEPS = 40
 TASKS = ("math", "code", "chat")
 AGENTS = ("math_agent", "code_agent", "chat_agent", None)
+
+
+def checkpoint_positions(records: int) -> list[int]:
+    """Where the generator checkpoints (records written): every tenth of the log, and the
+    newest min(TAIL, a tenth) records before its end."""
+    every = records // CHECKPOINTS
+    if every == 0:
+        return []
+    newest = records - min(TAIL, every)
+    return [k * every for k in range(1, CHECKPOINTS) if k * every < newest] + [newest]
 
 
 def prompt_for(number: int) -> dict[str, Any]:
@@ -220,18 +237,16 @@ class _Generator:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        checkpoint_every = self.target // CHECKPOINTS
+        checkpoints = checkpoint_positions(self.target)
         step_every = max(1, self.target // TRAIN_STEPS)
-        next_checkpoint, next_step = checkpoint_every, step_every
+        next_step = step_every
         while self.written < self.target:
             self.tick()
             if self.written >= next_step:
                 next_step += step_every
                 self.train_step()
-            if self.written >= next_checkpoint and self.written + checkpoint_every // 2 < (
-                self.target
-            ):
-                next_checkpoint += checkpoint_every
+            if checkpoints and self.written >= checkpoints[0]:
+                del checkpoints[: bisect.bisect_right(checkpoints, self.written)]
                 self.checkpoint()
         self.flush()
 
@@ -507,6 +522,9 @@ class _Generator:
             rollout_id, _, call = key.rpartition("/call-")
             tags[key] = {"rollout_id": rollout_id, "call": call}
         data_plane.put_rows(STAGING, dict.fromkeys(keys, token_row), tags)
+        # the canonical rows the finalizer wrote for finalized groups not yet trained
+        canonical = [row for e in self.state.replay.values() for row in e.canonical_row_ids]
+        data_plane.put_rows(DEFAULT_TRAINING_PARTITION, dict.fromkeys(canonical, token_row))
         directory = self.directory / f"step_{self.step}" / "data_plane"
         saved = data_plane.save_checkpoint(str(directory))
         covers_seq, chain = self.log.tail_chain()
@@ -524,20 +542,17 @@ class _Generator:
         self.emit(CONTROLLER_STREAM, event)
         self.flush()
         seq = self.log.head()
-        # As the ledger stores it (eventlog.recovery.checkpoint.save_snapshot): a snapshot
-        # without this code's projection version is not trusted, and the restore folds.
-        snapshot = Snapshot(
-            state=self.state,
-            versions=dict(self.ledger_versions),
-            projection_version=PROJECTION_VERSION,
-        )
-        payload = msgspec.msgpack.encode(snapshot)
-        self.log.save_snapshot(SNAPSHOT_NAME, seq, payload)
+        versions = self.ledger_versions = live_versions(self.state, self.ledger_versions)
+        save_snapshot(self.log, seq, self.state, versions)
+        stored = self.log.load_snapshot(SNAPSHOT_NAME, seq)
+        assert stored is not None and stored[0] == seq
+        payload = stored[1]
         self.checkpoints.append(
             {
                 "step": self.step,
                 "seq": seq,
                 "groups": len(self.state.groups),
+                "replay": len(self.state.replay),
                 "rows": saved.row_count,
                 "snapshot_bytes": len(payload),
             }

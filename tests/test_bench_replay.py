@@ -7,9 +7,10 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from bench import replay
+from bench import replay, runlog
 from bench.runlog import copy_log, run_log
 from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
@@ -55,8 +56,11 @@ def test_generated_run_log_verifies_folds_to_its_checkpoint_digests_and_is_cache
 
 
 def test_small_replay_benchmark_writes_every_row_with_the_same_restore_either_way(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The newest checkpoint between two train steps: the replay buffer holds finalized groups
+    # whose canonical rows the checkpoint's data plane must hold, or the restore fails closed.
+    monkeypatch.setattr(runlog, "TAIL", 210)
     out = tmp_path / "out"
     output = io.StringIO()
     results = replay.run(
@@ -70,6 +74,7 @@ def test_small_replay_benchmark_writes_every_row_with_the_same_restore_either_wa
     )
     rows = json.loads((out / "replay.json").read_text())
     assert rows == results.rows
+    assert results.header["checkpoint"]["replay"] > 0
     sized = [r for r in rows if not r.get("main") and r["benchmark"] == "restore"]
     assert [(r["snapshot"], r["folded_records"]) for r in sized] == [(True, 0)]
     assert sized[0]["records"] < results.header["run_log"]["head"]
@@ -98,6 +103,7 @@ def test_small_replay_benchmark_writes_every_row_with_the_same_restore_either_wa
         0,
         results.header["checkpoint"]["seq"],
     )
+    assert with_snapshot["tail_records"] == head - results.header["checkpoint"]["seq"] > 0
     assert without["phases_s"]["fold_s"] > 0
     assert with_snapshot["maxrss_mb"] >= with_snapshot["baseline_maxrss_mb"] > 0
     assert with_snapshot["speedup_vs_no_snapshot"] > 0

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.runlog import ADMISSION, IN_FLIGHT, in_flight_for, run_log
+from bench.runlog import (
+    ADMISSION,
+    CALLS,
+    IN_FLIGHT,
+    SIBLINGS,
+    TAIL,
+    checkpoint_positions,
+    in_flight_for,
+    run_log,
+)
 from eventlog import EventLog
 from eventlog.recovery.checkpoint import fold_from_snapshot
 from projections.history import RolledBack
@@ -33,3 +42,18 @@ def test_long_run_logs_hold_the_same_work_in_flight_so_restores_differ_only_by_h
     with EventLog.open(run.path) as log:
         held = fold_from_snapshot(log, log.head(), RolledBack()).state.groups
     assert in_flight_for(6000) <= len(held) <= in_flight_for(6000) + ADMISSION
+
+
+def test_logs_of_every_length_end_with_the_same_tail_after_their_newest_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A restore rolls back what follows the newest checkpoint: were that a tenth of each log,
+    the longer log's restore would read more because its tail is longer, not its history."""
+    assert 10**5 - checkpoint_positions(10**5)[-1] == TAIL
+    assert 2 * 10**6 - checkpoint_positions(2 * 10**6)[-1] == TAIL
+    assert checkpoint_positions(2 * 10**6)[:9] == [k * 2 * 10**5 for k in range(1, 10)]
+    assert 6000 - checkpoint_positions(6000)[-1] == 600  # a short log: a tenth
+    run, _ = run_log(6000, cache_dir=tmp_path)
+    checkpoints = run.manifest["checkpoints"]
+    assert len(checkpoints) == len(checkpoint_positions(6000))
+    assert 5400 <= checkpoints[-1]["seq"] < 5400 + SIBLINGS * CALLS * ADMISSION

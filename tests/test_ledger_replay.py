@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
+from eventlog.log import EventLog
+from eventlog.recovery.checkpoint import SNAPSHOT_NAME
 from eventlog.recovery.errors import LedgerRuleError
 from eventlog.recovery.vocabulary import REPLAY_STREAM, ReplayEvicted
 from tests.fixtures.ledger import Harness, backend_harness_fixture  # noqa: F401
@@ -106,3 +109,38 @@ def test_replay_ownership_comes_back_with_a_restore(harness: Harness) -> None:
     plan = h.run(lambda cut: h.ledger.restore(cut, h.dataset))
     assert plan.replay_group_ids == ["g1", "g2"]
     assert {e.status for e in h.ledger.replay.entries()} == {"ready"}
+
+
+def test_a_checkpoint_keeps_the_versions_of_the_work_in_flight_not_of_every_group_trained(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A weeks-long run trains millions of groups. Were every group stream's version kept in
+    each snapshot (and in the ledger's memory), both would grow with the run, and every
+    restore with them; a group that left is looked up in the log if a command names it."""
+    h = harness
+    _finalized(h, "g1", "g2", "g3")
+    h.run(lambda cut: h.ledger.replay.select(cut, ["g1", "g2"], step=1))
+    h.run(lambda cut: h.ledger.replay.consume(cut, ["g1"], step=1))
+    h.run(lambda cut: h.ledger.replay.evict(cut, ["g3"], reason="stale"))
+    h.reserve("g4", n=1)
+    h.checkpoint(1)
+    found = h.log.load_snapshot(SNAPSHOT_NAME)
+    assert found is not None
+    versions = msgspec.msgpack.decode(found[1])["versions"]
+    kept = {s: v for s, v in versions.items() if s.startswith("group/")}
+    assert kept == {s: h.log.stream_version(s) for s in ("group/g2", "group/g4")}
+    assert versions[REPLAY_STREAM] == h.log.stream_version(REPLAY_STREAM)
+
+    reads: list[str] = []
+    stream_version = EventLog.stream_version
+
+    def counted(log: EventLog, stream: str) -> int | None:
+        reads.append(stream)
+        return stream_version(log, stream)
+
+    monkeypatch.setattr(EventLog, "stream_version", counted)
+    with pytest.raises(LedgerRuleError, match="'g1': the id was already used"):
+        h.reserve("g1", n=1)  # a trained group's id: its stream is read, and it is refused
+    assert reads == ["group/g1"]
+    h.dispatch("g4")  # a group in flight: at the version the ledger kept, nothing read
+    assert reads == ["group/g1"]

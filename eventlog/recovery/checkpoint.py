@@ -28,7 +28,7 @@ from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
 from eventlog.recovery.errors import LedgerRuleError, ProjectionVersionError, ReconciliationError
-from eventlog.recovery.vocabulary import CheckpointCommitted, CheckpointRetired
+from eventlog.recovery.vocabulary import CheckpointCommitted, CheckpointRetired, group_stream
 from projections.history import RecordLike, RolledBack, effective, retired_checkpoints
 from projections.reconcile import referenced_keys
 from projections.siblings import (
@@ -374,7 +374,23 @@ def checkpoint_event(
     )
 
 
+def live_versions(state: LedgerState, versions: Mapping[str, int]) -> dict[str, int]:
+    """The stream versions worth keeping: all but those of groups that left the ledger and
+    its replay buffer (trained, evicted). Nothing appends to those streams again, and a
+    ledger that does reads the version from the log (`RecoveryLedger._expected`), so a
+    snapshot and the ledger's memory hold the work in flight, not every group of the run."""
+    prefix = group_stream("")
+    return {
+        stream: version
+        for stream, version in versions.items()
+        if not stream.startswith(prefix)
+        or stream[len(prefix) :] in state.groups
+        or stream[len(prefix) :] in state.replay
+    }
+
+
 def save_snapshot(log: EventLog, seq: int, state: LedgerState, versions: Mapping[str, int]) -> None:
-    """Store the state at a CheckpointCommitted seq, so a restore need not fold the whole run."""
+    """Store the state at a CheckpointCommitted seq, so a restore need not fold the whole run
+    (with the ledger's `live_versions`, so its size follows the work in flight)."""
     snapshot = Snapshot(state=state, versions=dict(versions), projection_version=PROJECTION_VERSION)
     log.save_snapshot(SNAPSHOT_NAME, seq, msgspec.msgpack.encode(snapshot))

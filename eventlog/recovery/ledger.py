@@ -71,6 +71,7 @@ from eventlog.recovery.checkpoint import (
     checkpoint_event,
     delete_retired,
     fold_until,
+    live_versions,
     retire_events,
     save_snapshot,
 )
@@ -1427,7 +1428,9 @@ class RecoveryLedger:
         )
         (result,) = yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])])
         seq = result.seqs[0]
-        save_snapshot(self.log, seq, self._require_state(), self._versions)
+        state = self._require_state()
+        self._versions = live_versions(state, self._versions)
+        save_snapshot(self.log, seq, state, self._versions)
         logger.info(
             "checkpoint step %d at seq %d: %d groups, %d data-plane rows",
             step,
