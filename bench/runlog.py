@@ -75,12 +75,13 @@ from projections.version import PROJECTION_VERSION
 
 logger = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7
 """Bump when the generated log changes; cached logs of other versions are rebuilt (3: the
 in-memory data plane checkpoints in its own format, and logs at migration head; 4: snapshots
 and checkpoints carry the projection version, without which a restore does not trust them;
 5: every log of 76,800 records or more holds IN_FLIGHT groups in flight; 6: the newest
-checkpoint lies TAIL records before the end of every log of 10 × TAIL records or more)."""
+checkpoint lies TAIL records before the end of every log of 10 × TAIL records or more; 7: a
+long log trains every RECORDS_PER_STEP records)."""
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "bench"
@@ -105,8 +106,17 @@ TAIL = 10_000
 checkpoints every so many steps, so what a restore rolls back is bounded by that interval,
 not by the history behind it: logs of different lengths end with the same tail."""
 TRAIN_STEPS = 40
+RECORDS_PER_STEP = 2_500
+"""A long log trains every this many records (a short one TRAIN_STEPS times): a run trains a
+batch at a time, so the finalized groups waiting in the replay buffer (and their canonical rows
+in a checkpoint) do not grow with the log either."""
 TASKS = ("math", "code", "chat")
 AGENTS = ("math_agent", "code_agent", "chat_agent", None)
+
+
+def records_per_step(records: int) -> int:
+    """How many records the generator writes between two train steps."""
+    return max(1, min(RECORDS_PER_STEP, records // TRAIN_STEPS))
 
 
 def checkpoint_positions(records: int) -> list[int]:
@@ -238,7 +248,7 @@ class _Generator:
 
     def run(self) -> None:
         checkpoints = checkpoint_positions(self.target)
-        step_every = max(1, self.target // TRAIN_STEPS)
+        step_every = records_per_step(self.target)
         next_step = step_every
         while self.written < self.target:
             self.tick()

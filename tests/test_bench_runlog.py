@@ -8,10 +8,13 @@ from bench.runlog import (
     ADMISSION,
     CALLS,
     IN_FLIGHT,
+    RECORDS_PER_STEP,
     SIBLINGS,
     TAIL,
+    TRAIN_STEPS,
     checkpoint_positions,
     in_flight_for,
+    records_per_step,
     run_log,
 )
 from eventlog import EventLog
@@ -52,8 +55,11 @@ def test_logs_of_every_length_end_with_the_same_tail_after_their_newest_checkpoi
     assert 10**5 - checkpoint_positions(10**5)[-1] == TAIL
     assert 2 * 10**6 - checkpoint_positions(2 * 10**6)[-1] == TAIL
     assert checkpoint_positions(2 * 10**6)[:9] == [k * 2 * 10**5 for k in range(1, 10)]
+    # ... and trains as often: the replay buffer a checkpoint holds does not grow with the log
+    assert records_per_step(10**5) == records_per_step(2 * 10**6) == RECORDS_PER_STEP
     assert 6000 - checkpoint_positions(6000)[-1] == 600  # a short log: a tenth
     run, _ = run_log(6000, cache_dir=tmp_path)
     checkpoints = run.manifest["checkpoints"]
     assert len(checkpoints) == len(checkpoint_positions(6000))
     assert 5400 <= checkpoints[-1]["seq"] < 5400 + SIBLINGS * CALLS * ADMISSION
+    assert run.manifest["train_steps"] == 6000 // records_per_step(6000) == TRAIN_STEPS
