@@ -190,3 +190,45 @@ def test_margins_leave_room_for_what_an_axis_holds_and_no_more() -> None:
     assert left(10_000, points=7) == pytest.approx(4.2)
     assert report._number_chars([3_000_000]) < report._number_chars([999_999])
     assert report._number_chars([0]) == len("−0.04")
+
+
+def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ticks() -> None:
+    """A weeks-long run trains thousands of steps: a bar and a tick label per step took
+    seconds to draw from 400 steps on, and the labels ran into one black band. A step the
+    report lacks draws as zero."""
+    import msgspec
+
+    from eventlog.recovery.cli import report
+    from projections.audit_stats import AuditReport, KeyReport, LatencySummary, StepReport
+
+    def zeros(cls: type[msgspec.Struct], **given: Any) -> Any:
+        values = {f.name: 0 for f in msgspec.structs.fields(cls) if f.name not in given}
+        return cls(**values, **given)
+
+    numbers = [n for n in range(2000) if n != 5]
+    steps = [
+        zeros(
+            StepReport,
+            step=n,
+            staleness={},
+            retries=n % 3,
+            failed=n % 2,
+            tokens_trained=10 * n,
+            tokens_thrown_away=n,
+            restores=int(n == 700),
+        )
+        for n in numbers
+    ]
+    latency = LatencySummary(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
+    total = zeros(KeyReport, agent_name=None, task_name=None, generation_latency=latency)
+    stats = zeros(AuditReport, by_agent_task=[], total=total, by_step=steps)
+    fig = report.plot_steps(report.RunPicture(stats=stats))
+    left, right = fig.axes
+    for ax in (left, right):
+        assert 2 <= len(ax.get_xticks()) <= 13
+        assert len(ax.patches) == 2  # a step line or filled steps per series
+        assert [line.get_xdata()[0] for line in ax.lines if len(line.get_xdata())] == [700]
+    trained = list(right.patches[0].get_data().values)
+    assert trained == [0 if n == 5 else 10 * n for n in range(2000)]
+    assert list(right.patches[1].get_data().baseline) == trained
+    assert list(left.patches[0].get_data().values)[4:7] == [1, 0, 0]  # step 5 lacks: zero
