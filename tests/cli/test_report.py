@@ -222,13 +222,18 @@ def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ti
     latency = LatencySummary(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
     total = zeros(KeyReport, agent_name=None, task_name=None, generation_latency=latency)
     stats = zeros(AuditReport, by_agent_task=[], total=total, by_step=steps)
+    import numpy
+    from matplotlib.patches import StepPatch
+
     fig = report.plot_steps(report.RunPicture(stats=stats))
     left, right = fig.axes
     for ax in (left, right):
         assert 2 <= len(ax.get_xticks()) <= 13
-        assert len(ax.patches) == 2  # a step line or filled steps per series
-        assert [line.get_xdata()[0] for line in ax.lines if len(line.get_xdata())] == [700]
-    trained = list(right.patches[0].get_data().values)
-    assert trained == [0 if n == 5 else 10 * n for n in range(2000)]
-    assert list(right.patches[1].get_data().baseline) == trained
-    assert list(left.patches[0].get_data().values)[4:7] == [1, 0, 0]  # step 5 lacks: zero
+        assert [type(p) for p in ax.patches] == [StepPatch, StepPatch]  # one per series
+        restores = [numpy.asarray(line.get_xdata(), dtype=float).tolist() for line in ax.lines]
+        assert [xs for xs in restores if xs] == [[700, 700]]  # the restore's line, once
+    patches = [p for ax in (left, right) for p in ax.patches if isinstance(p, StepPatch)]
+    (retries, _, _), _, (trained, _, _), (_, _, stacked_on) = (p.get_data() for p in patches)
+    assert list(trained) == [0 if n == 5 else 10 * n for n in range(2000)]
+    assert list(numpy.asarray(stacked_on)) == list(trained)
+    assert list(retries)[4:7] == [1, 0, 0]  # step 5 lacks: zero
