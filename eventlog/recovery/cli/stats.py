@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from eventlog.cli.output import Justify, print_table
 from eventlog.cli.stats import make_stats
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog, audit_pass
@@ -95,7 +96,7 @@ def print_recovery(console: Console, recovery: AuditReport) -> None:
     if recovery.by_step:
         console.print()
         console.print("per step (staleness: trained step - weight version, siblings)")
-        console.print(_step_table(recovery.by_step))
+        print_table(console, _STEP_TABLE, map(_step_row, recovery.by_step))
 
 
 _STEP_COLUMNS: list[tuple[str, str]] = [
@@ -116,19 +117,19 @@ def _staleness(found: dict[int, int]) -> str:
     return " ".join(f"{lag}:{n}" for lag, n in found.items()) or "-"
 
 
-def _step_table(steps: list[StepReport]) -> Table:
-    table = Table(title=None, box=None, pad_edge=False)
-    table.add_column("step", justify="right")
-    for _, title in _STEP_COLUMNS:
-        table.add_column(title, justify="right")
-    table.add_column("staleness")
-    for s in steps:
-        table.add_row(
-            str(s.step),
-            *(f"{getattr(s, key):,}" for key, _ in _STEP_COLUMNS),
-            _staleness(s.staleness),
-        )
-    return table
+_STEP_TABLE: list[tuple[str, Justify]] = [
+    ("step", "right"),
+    *((title, "right") for _, title in _STEP_COLUMNS),
+    ("staleness", "left"),
+]
+
+
+def _step_row(s: StepReport) -> list[str]:
+    return [
+        str(s.step),
+        *(f"{getattr(s, key):,}" for key, _ in _STEP_COLUMNS),
+        _staleness(s.staleness),
+    ]
 
 
 stats = make_stats([RecoverySection])
