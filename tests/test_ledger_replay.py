@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from pathlib import Path
 
 import msgspec
 import pytest
 
+from eventlog import NO_STREAM
 from eventlog.log import EventLog
 from eventlog.recovery.checkpoint import SNAPSHOT_NAME
-from eventlog.recovery.errors import LedgerRuleError
-from eventlog.recovery.vocabulary import REPLAY_STREAM, ReplayEvicted
-from tests.fixtures.ledger import Harness, backend_harness_fixture  # noqa: F401
+from eventlog.recovery.errors import LedgerRuleError, StaleAttemptError
+from eventlog.recovery.vocabulary import (
+    CONTROLLER_STREAM,
+    EPOCH_STREAM,
+    REPLAY_STREAM,
+    ReplayEvicted,
+    StaleResultRejected,
+)
+from tests.fixtures.ledger import (  # noqa: F401
+    Harness,
+    backend_harness_fixture,
+    sqlite_harness_fixture,
+)
+from tests.vocabulary import LogNote
 
 
 @pytest.fixture(name="harness")
@@ -116,7 +130,8 @@ def test_a_checkpoint_keeps_the_versions_of_the_work_in_flight_not_of_every_grou
 ) -> None:
     """A weeks-long run trains millions of groups. Were every group stream's version kept in
     each snapshot (and in the ledger's memory), both would grow with the run, and every
-    restore with them; a group that left is looked up in the log if a command names it."""
+    restore with them; a group that left is looked up in the log if a command names it
+    (a reused id, a late result's record)."""
     h = harness
     _finalized(h, "g1", "g2", "g3")
     h.run(lambda cut: h.ledger.replay.select(cut, ["g1", "g2"], step=1))
@@ -144,3 +159,116 @@ def test_a_checkpoint_keeps_the_versions_of_the_work_in_flight_not_of_every_grou
     assert reads == ["group/g1"]
     h.dispatch("g4")  # a group in flight: at the version the ledger kept, nothing read
     assert reads == ["group/g1"]
+
+
+def _trained(h: Harness, group_id: str, step: int) -> None:
+    _finalized(h, group_id)
+    h.run(lambda cut: h.ledger.replay.select(cut, [group_id], step=step))
+    h.run(lambda cut: h.ledger.replay.consume(cut, [group_id], step=step))
+
+
+def _late_result(h: Harness, group_id: str) -> StaleAttemptError:
+    """The error a late result of the group's first attempt gets once the group left."""
+    with pytest.raises(StaleAttemptError) as caught:
+        h.ledger.check_result(group_id, 0, f"{group_id}_g0")
+    return caught.value
+
+
+def test_a_reopened_ledger_keeps_no_version_of_a_stream_it_never_appends_to(
+    sqlite_harness: Harness,
+) -> None:
+    """An open reads the versions of every stream written after its snapshot (attempt
+    streams, other applications' streams): the next checkpoint keeps only the ledger's own
+    streams and its groups', or each reopening would pin more of them for good."""
+    h = sqlite_harness
+    h.log.append("another-app", [LogNote(text="not the ledger's")], NO_STREAM)
+    for step, group_id in enumerate(["g1", "g2", "g3"], start=1):
+        _trained(h, group_id, step)  # workers wrote the attempt stream of g{step}_g0
+        h.reopen()  # a process that goes on with the run, its data plane kept
+        h.checkpoint(step)
+    found = h.log.load_snapshot(SNAPSHOT_NAME)
+    assert found is not None
+    assert sorted(msgspec.msgpack.decode(found[1])["versions"]) == [
+        CONTROLLER_STREAM,
+        EPOCH_STREAM,
+        REPLAY_STREAM,
+    ]
+
+
+def test_a_late_result_of_a_group_that_left_is_recorded_with_no_read_on_the_loop(
+    sqlite_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint dropped the trained group's version. Checking a late result reads it
+    (it tells a late result from an unknown group) and keeps it for the record; a record
+    the ledger did not check reads it in a thread (on PostgreSQL a round trip the loop
+    would otherwise wait for)."""
+    h = sqlite_harness
+    _trained(h, "g1", 1)
+    h.checkpoint(1)
+    reads: list[str] = []
+    stream_version = EventLog.stream_version
+
+    def counted(log: EventLog, stream: str) -> int | None:
+        on_loop = threading.current_thread() is threading.main_thread()
+        reads.append("here" if on_loop else "thread")
+        return stream_version(log, stream)
+
+    monkeypatch.setattr(EventLog, "stream_version", counted)
+
+    def record(stale: StaleAttemptError) -> None:
+        async def recorded() -> None:
+            async with h.barrier.mutation("seal") as cut:
+                await h.ledger.record_rejected_result_async(cut, stale)
+
+        asyncio.run(recorded())
+
+    record(_late_result(h, "g1"))
+    assert reads == ["here"]  # the check's own read, nothing for the record
+    h.checkpoint(2)  # drops it again
+    reads.clear()
+    unchecked = StaleAttemptError(
+        "late", group_id="g1", generation_index=0, rollout_id="g1_g0", current_rollout_id=None
+    )
+    record(unchecked)
+    assert reads == ["thread"]
+    late = [r for r in h.records("group/g1") if isinstance(r.event, StaleResultRejected)]
+    assert len(late) == 2
+
+
+def test_a_read_begun_before_a_checkpoint_is_not_kept_after_it(
+    sqlite_harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version read for a stream the ledger did not hold may predate an append of ours
+    whose version the checkpoint then dropped: kept, it would be stale, and the ledger's next
+    append to that stream would fail and fence the ledger. (Found by review: a late result
+    recorded while `unused_group_id_async` read the same trained group's stream.)"""
+    h = sqlite_harness
+    _trained(h, "g1", 1)
+    h.checkpoint(1)
+    gate, began = threading.Event(), threading.Event()
+    stream_version = EventLog.stream_version
+
+    def held(log: EventLog, stream: str) -> int | None:
+        found = stream_version(log, stream)
+        if stream == "group/g1" and not began.is_set():
+            began.set()
+            gate.wait(10)  # it read `found`: what follows lands before it returns
+        return found
+
+    monkeypatch.setattr(EventLog, "stream_version", held)
+
+    async def race() -> str:
+        pending = asyncio.ensure_future(h.ledger.unused_group_id_async("g1"))
+        await asyncio.to_thread(began.wait, 10)
+        async with h.barrier.mutation("seal") as cut:  # our append to group/g1 ...
+            h.ledger.record_rejected_result(cut, _late_result(h, "g1"))
+        async with h.barrier.checkpoint() as cut:  # ... whose version this drops
+            h.ledger.checkpoint(cut, step=2, directory=str(tmp_path / "step_2" / "data_plane"))
+        gate.set()
+        return await pending
+
+    assert asyncio.run(race()) == "g1-r1"
+    monkeypatch.setattr(EventLog, "stream_version", stream_version)
+    h.run(lambda cut: h.ledger.record_rejected_result(cut, _late_result(h, "g1")))
+    late = [r for r in h.records("group/g1") if isinstance(r.event, StaleResultRejected)]
+    assert len(late) == 2

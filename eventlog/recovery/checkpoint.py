@@ -28,7 +28,14 @@ from eventlog.dataplane.protocol import DataPlane, DataPlaneCheckpoint
 from eventlog.errors import InvalidEventError
 from eventlog.log import EventLog
 from eventlog.recovery.errors import LedgerRuleError, ProjectionVersionError, ReconciliationError
-from eventlog.recovery.vocabulary import CheckpointCommitted, CheckpointRetired, group_stream
+from eventlog.recovery.vocabulary import (
+    CONTROLLER_STREAM,
+    EPOCH_STREAM,
+    REPLAY_STREAM,
+    CheckpointCommitted,
+    CheckpointRetired,
+    group_stream,
+)
 from projections.history import RecordLike, RolledBack, effective, retired_checkpoints
 from projections.reconcile import referenced_keys
 from projections.siblings import (
@@ -375,18 +382,21 @@ def checkpoint_event(
 
 
 def live_versions(state: LedgerState, versions: Mapping[str, int]) -> dict[str, int]:
-    """The stream versions worth keeping: all but those of groups that left the ledger and
-    its replay buffer (trained, evicted). Nothing appends to those streams again, and a
-    ledger that does reads the version from the log (`RecoveryLedger._expected`), so a
-    snapshot and the ledger's memory hold the work in flight, not every group of the run."""
-    prefix = group_stream("")
-    return {
-        stream: version
-        for stream, version in versions.items()
-        if not stream.startswith(prefix)
-        or stream[len(prefix) :] in state.groups
-        or stream[len(prefix) :] in state.replay
-    }
+    """The stream versions worth keeping: those of the streams the ledger appends to at a
+    version it holds (the controller's, the replay buffer's, the epoch's) and of the groups
+    in the ledger or its replay buffer. Every other version (a group that trained or was
+    evicted, which only a late result's record touches again; an attempt stream, written
+    by workers at ANY; another application's stream) is read from the log when a command
+    needs it, so a snapshot and the ledger's memory hold the work in flight, not the run."""
+    found = {stream: versions[stream] for stream in _LEDGER_STREAMS if stream in versions}
+    for group_id in [*state.groups, *state.replay]:
+        stream = group_stream(group_id)
+        if stream in versions:
+            found[stream] = versions[stream]
+    return found
+
+
+_LEDGER_STREAMS = (CONTROLLER_STREAM, REPLAY_STREAM, EPOCH_STREAM)
 
 
 def save_snapshot(log: EventLog, seq: int, state: LedgerState, versions: Mapping[str, int]) -> None:

@@ -296,8 +296,9 @@ class RecoveryLedger:
         ledger appends to its streams; another writer's append makes ours fail on NO_STREAM
         and fences the ledger, as a stale entry of `_versions` does."""
         self._era = 0
-        """Bumped whenever `_versions` and `_absent` start over from the log (open, restore):
-        a read begun before that is of the old view and is not kept."""
+        """Bumped whenever `_versions` and `_absent` start over from the log (open, restore)
+        or a checkpoint drops versions (`live_versions`): a read begun before that is of the
+        old view (it may predate an append of ours whose version was dropped), not kept."""
         self._skipped = RolledBack()
         self._prompts: dict[str, Prompt] = {}
         self._staged: dict[str, dict[str, int]] = {}
@@ -492,6 +493,17 @@ class RecoveryLedger:
             version = await asyncio.to_thread(self.log.stream_version, stream)
             self._learn(stream, version, era)
         return self._expected(stream)
+
+    def _read_version(self, stream: str) -> Steps[None]:
+        """Read the version of a stream the ledger does not hold (a group that left it, named
+        by a late result) as a blocking step: the asyncio form reads it in a thread, as
+        `_expected_async` does, not on the loop."""
+        if stream in self._versions or stream in self._absent:
+            return
+        era = self._era
+        found: list[int | None] = []
+        (yield _Blocking(lambda: found.append(self.log.stream_version(stream))))
+        self._learn(stream, found[0], era)
 
     def _learn(self, stream: str, version: int | None, era: int) -> None:
         """What a read found, unless an append of ours landed on the stream meanwhile, or
@@ -941,7 +953,12 @@ class RecoveryLedger:
         """
         state = self._require_state()
         stream = group_stream(group_id)
-        if group_id not in state.groups and self.log.stream_version(stream) is not None:
+        if group_id in state.groups:
+            return self.group(group_id)
+        era = self._era
+        version = self.log.stream_version(stream)
+        if version is not None:
+            self._learn(stream, version, era)  # where the late result's record will append
             why = "finalized" if group_id in state.replay else "discarded or rolled back"
             raise StaleAttemptError(
                 f"group {group_id!r}, sibling {generation_index}: the group was {why}; the "
@@ -1164,6 +1181,7 @@ class RecoveryLedger:
             current_rollout_id=error.current_rollout_id,
             reason=str(error),
         )
+        yield from self._read_version(group_stream(error.group_id))
         (yield self._group_commit(cut, error.group_id, [event]))
 
     record_rejected_result = _sync(_record_rejected_result)
@@ -1429,7 +1447,10 @@ class RecoveryLedger:
         (result,) = yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])])
         seq = result.seqs[0]
         state = self._require_state()
-        self._versions = live_versions(state, self._versions)
+        # One copy first (a checkpoint may run in a thread while the loop adopts a landed
+        # append), then the versions a read begun before now may no longer be told from.
+        self._versions = live_versions(state, dict(self._versions))
+        self._era += 1
         save_snapshot(self.log, seq, state, self._versions)
         logger.info(
             "checkpoint step %d at seq %d: %d groups, %d data-plane rows",
