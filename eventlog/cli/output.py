@@ -33,13 +33,15 @@ def stdout_console() -> Console:
     """Console for results; follows sys.stdout so a live progress bar can redirect it.
 
     Into a pipe or file nothing is cut to a terminal's width (lines are as long as they are).
-    Neither console reads rich markup: what they print holds ids, paths and values from the
-    log and the command line (a group id `g[/]7` was a MarkupError, `[red]g8` printed as
-    `g8`); styling goes through `style=` or rich Text.
+    Neither console reads rich markup or emoji codes: what they print holds ids, paths and
+    values from the log and the command line (a group id `g[/]7` was a MarkupError, `[red]g8`
+    printed as `g8`, `:fire:` as an emoji); styling goes through `style=` or rich Text.
     """
-    console = _OutputConsole(highlight=False, soft_wrap=False, markup=False)
+    console = _OutputConsole(highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not console.is_terminal:
-        console = _OutputConsole(highlight=False, soft_wrap=False, markup=False, width=PIPE_WIDTH)
+        console = _OutputConsole(
+            highlight=False, soft_wrap=False, markup=False, emoji=False, width=PIPE_WIDTH
+        )
     return console
 
 
@@ -51,21 +53,26 @@ Justify = Literal["left", "right"]
 def print_table(
     console: Console, columns: Sequence[tuple[str, Justify]], rows: Iterable[Sequence[str]]
 ) -> None:
-    """A table of text cells without a box, the CLI's table. On a terminal rich lays it out
-    to the terminal's width; into a pipe or a file it is laid out here as rich lays it out
-    there (cells justified to their column, two spaces between): rich's layout costs ~1 ms a
-    row, seconds for the per-step table of a run with thousands of steps. A cell that is not
-    plain printable text, or a table wider than the console, goes to rich either way."""
+    """A table of text cells without a box, the CLI's table. Into a pipe or a file, on the
+    console `stdout_console` made, it is laid out here as rich lays it out there (cells
+    justified to their column, two spaces between): rich's layout costs ~1 ms a row, seconds
+    for the per-step table of a run with thousands of steps. Anything rich lays out otherwise
+    goes to rich: a terminal, another console (it may read markup or emoji codes), a cell
+    that is not plain text (unprintable, or with spaces at its ends), a ragged row, a table
+    wider than the console."""
     cells = [list(row) for row in rows]
     names = [name for name, _ in columns]
     widths = [cell_len(name) for name in names]
-    plain = not console.is_terminal
-    for row in cells:
-        if not plain:
+    plain = isinstance(console, _OutputConsole) and not console.is_terminal
+    for row in [names, *cells] if plain else ():
+        if len(row) != len(columns):
+            plain = False
             break
         for i, text in enumerate(row):
-            plain = plain and text.isprintable()
+            plain = plain and text.isprintable() and text.strip() == text
             widths[i] = max(widths[i], cell_len(text))
+        if not plain:
+            break
     if plain and sum(widths) + 2 * (len(widths) - 1) <= console.width:
         right = [justify == "right" for _, justify in columns]
 
@@ -77,7 +84,7 @@ def print_table(
                 for text, width, at_right in zip(row, widths, right, strict=True)
             )
 
-        console.file.write("".join(line(row) + "\n" for row in [names, *cells]))
+        console.out("".join(line(row) + "\n" for row in [names, *cells]), end="", highlight=False)
         return
     table = Table(title=None, box=None, pad_edge=False)
     for name, justify in columns:
@@ -88,7 +95,7 @@ def print_table(
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, markup=False)
+    return Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 PROGRESS_MIN_RECORDS = 10_000

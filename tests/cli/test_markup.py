@@ -1,6 +1,6 @@
-"""Ids, paths and values print as they are: no console reads rich markup. A group id like
-`g[/]7` was a MarkupError (exit 70) in state, diff and inspect; `[red]g8` printed as `g8`,
-the wrong id in an audit."""
+"""Ids, paths and values print as they are: no console reads rich markup or emoji codes. A
+group id like `g[/]7` was a MarkupError (exit 70) in state, diff and inspect; `[red]g8`
+printed as `g8`, and `:fire:` as an emoji: the wrong id in an audit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from tests.cli.helpers import cli
 from tests.fixtures.ledger import open_harness
 
-ODD = ["g[/]7", "[red]g8"]
+ODD = ["g[/]7", "[red]g8", ":fire:"]
 
 
 @pytest.fixture
@@ -33,13 +33,14 @@ def odd_ids(tmp_path: Path) -> str:
     [
         (["state", "{log}"], ODD),
         (["diff", "{log}", "0", "head"], ODD),
+        (["inspect", "group", "{log}", ":fire:"], [":fire:"]),
         (["inspect", "group", "{log}", "g[/]7"], ["g[/]7"]),
         (["inspect", "group", "{log}", "[red]g8"], ["[red]g8"]),
         (["inspect", "rollout", "{log}", "[red]g8_g0"], ["[red]g8"]),
         (["replay", "{log}", "--group", "[red]g8"], ["[red]g8"]),
     ],
 )
-def test_ids_that_look_like_markup_print_as_they_are(
+def test_ids_that_look_like_markup_or_emoji_codes_print_as_they_are(
     odd_ids: str, argv: list[str], shown: list[str]
 ) -> None:
     result = cli(*[a.format(log=odd_ids) for a in argv])

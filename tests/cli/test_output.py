@@ -3,6 +3,7 @@ lays them out there; anything rich would lay out otherwise goes to rich."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -12,73 +13,90 @@ from rich.console import Console
 from rich.table import Table
 
 import eventlog.cli.output
-from eventlog.cli.output import PIPE_WIDTH, Justify, print_table
+from eventlog.cli.output import Justify, print_table, stdout_console
 
-TABLES: list[tuple[list[tuple[str, Justify]], list[list[str]]]] = [
+Columns = list[tuple[str, Justify]]
+
+TABLES: list[tuple[Columns, list[list[str]]]] = [
     ([("step", "right"), ("groups trained", "right"), ("staleness", "left")], []),
     (
         [("step", "right"), ("groups trained", "right"), ("staleness", "left")],
         [["1", "1,234", "0:3 1:4"], ["10", "5", "-"], ["10000", "123,456,789", "0:1"]],
     ),
-    (  # wide and accented characters take their cells, not their code points
+    (  # wide, accented and combining characters take their cells, not their code points
         [("s", "right"), ("name", "left"), ("x", "right")],
-        [["1", "ééé漢字", "0"], ["10000", "b", "123456"], ["2", "", ""]],
+        [["1", "ééé漢字", "0"], ["10000", "b", "123456"], ["2", "", ""], ["3", "e\u0301", "🔥"]],
     ),
-    ([("long name", "left"), ("n", "right")], [["a", "1"]]),
+    ([("long name", "left"), ("n", "right")], [["a", "1"], [":fire:", "[red]x"]]),
 ]
 
 
-def _console(file: io.StringIO, *, terminal: bool = False, width: int = PIPE_WIDTH) -> Console:
-    return Console(
-        file=file,
-        width=width,
-        force_terminal=terminal,
-        highlight=False,
-        soft_wrap=False,
-        markup=False,
-        color_system="standard" if terminal else None,  # a terminal shows the header bold
-    )
-
-
-def _by_rich(columns: Sequence[tuple[str, Justify]], rows: list[list[str]], **kw: Any) -> str:
-    out = io.StringIO()
+def _table(columns: Sequence[tuple[str, Justify]], rows: list[list[str]]) -> Table:
     table = Table(title=None, box=None, pad_edge=False)
     for name, justify in columns:
         table.add_column(name, justify=justify)
     for row in rows:
         table.add_row(*row)
-    _console(out, **kw).print(table)
-    return out.getvalue()
+    return table
 
 
-def _printed(columns: Sequence[tuple[str, Justify]], rows: list[list[str]], **kw: Any) -> str:
+def _into_a_pipe(show: Any) -> str:
+    """What `show(console)` prints on the CLI's console into a pipe."""
     out = io.StringIO()
-    print_table(_console(out, **kw), columns, rows)
+    with contextlib.redirect_stdout(out):
+        show(stdout_console())
     return out.getvalue()
 
 
 @pytest.mark.parametrize(("columns", "rows"), TABLES)
 def test_a_table_into_a_pipe_is_laid_out_here_as_rich_lays_it_out(
-    columns: list[tuple[str, Justify]], rows: list[list[str]], monkeypatch: pytest.MonkeyPatch
+    columns: Columns, rows: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    expected = _by_rich(columns, rows)
+    expected = _into_a_pipe(lambda console: console.print(_table(columns, rows)))
 
     def no_rich(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a pipe's table went through rich's layout")
 
     monkeypatch.setattr(eventlog.cli.output, "Table", no_rich)
-    assert _printed(columns, rows) == expected
+    assert _into_a_pipe(lambda console: print_table(console, columns, rows)) == expected
 
 
 @pytest.mark.parametrize(
-    ("rows", "kw"),
+    ("columns", "rows"),
     [
-        ([["1", "two\nlines"]], {}),  # a cell rich would split over lines
-        ([["1", "tab\there"]], {}),
-        ([["1", "x" * 50]], {"width": 30}),  # wider than the console: rich shrinks columns
-        ([["1", "abc"]], {"terminal": True, "width": 30}),  # a person's terminal
+        ([("n", "right"), ("text", "left")], [["1", "two\nlines"]]),  # rich splits it
+        ([("n", "right"), ("text", "left")], [["1", "tab\there"]]),
+        ([("n", "right"), ("text", "left")], [["ab ", "x"]]),  # rich strips the space
+        ([("n\u2028m", "right"), ("text", "left")], [["1", "x"]]),  # a header, too
+        ([("n", "right"), ("text", "left")], [["1"]]),  # a ragged row: rich pads it
+        ([("n", "right"), ("text", "left")], [["1", "x" * 5000]]),  # wider than the console
     ],
 )
-def test_what_rich_lays_out_otherwise_goes_to_rich(rows: list[list[str]], kw: Any) -> None:
-    columns: list[tuple[str, Justify]] = [("n", "right"), ("text", "left")]
-    assert _printed(columns, rows, **kw) == _by_rich(columns, rows, **kw)
+def test_what_rich_lays_out_otherwise_goes_to_rich(columns: Columns, rows: list[list[str]]) -> None:
+    expected = _into_a_pipe(lambda console: console.print(_table(columns, rows)))
+    assert _into_a_pipe(lambda console: print_table(console, columns, rows)) == expected
+
+
+def test_a_terminal_or_a_console_other_than_the_clis_goes_to_rich(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another console may read emoji codes or markup (rich's defaults); on a terminal rich
+    fits the table to its width and styles the header."""
+    columns: Columns = [("n", "right"), ("text", "left")]
+    rows = [["1", ":fire:"]]
+    drawn: list[Table] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Table:
+        drawn.append(Table(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(eventlog.cli.output, "Table", recorded)
+    for console in (
+        Console(file=io.StringIO(), width=200),
+        Console(file=io.StringIO(), width=200, force_terminal=True, markup=False, emoji=False),
+    ):
+        print_table(console, columns, rows)
+    assert len(drawn) == 2
+    monkeypatch.setenv("FORCE_COLOR", "1")  # the CLI's own console, taken for a terminal
+    _into_a_pipe(lambda console: print_table(console, columns, rows))
+    assert len(drawn) == 3

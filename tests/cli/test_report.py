@@ -15,8 +15,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import numpy
 import pytest
+from matplotlib.patches import StepPatch
 
+from eventlog.recovery.cli.report import RunPicture, plot_steps
+from projections.audit_stats import AuditReport, KeyReport, LatencySummary, StepReport
 from tests.cli.audited_run import AuditedRun, train, work
 from tests.cli.helpers import cli, collector_states_at_fold
 from tests.fixtures.ledger import Harness
@@ -192,22 +197,25 @@ def test_margins_leave_room_for_what_an_axis_holds_and_no_more() -> None:
     assert report._number_chars([0]) == len("−0.04")
 
 
+def _zeros(cls: type[msgspec.Struct], **given: Any) -> Any:
+    """A report struct with every field not given 0."""
+    values = {f.name: 0 for f in msgspec.structs.fields(cls) if f.name not in given}
+    return cls(**values, **given)
+
+
+def _picture(steps: list[StepReport]) -> RunPicture:
+    latency = LatencySummary(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
+    total = _zeros(KeyReport, agent_name=None, task_name=None, generation_latency=latency)
+    return RunPicture(stats=_zeros(AuditReport, by_agent_task=[], total=total, by_step=steps))
+
+
 def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ticks() -> None:
     """A weeks-long run trains thousands of steps: a bar and a tick label per step took
     seconds to draw from 400 steps on, and the labels ran into one black band. A step the
     report lacks draws as zero."""
-    import msgspec
-
-    from eventlog.recovery.cli import report
-    from projections.audit_stats import AuditReport, KeyReport, LatencySummary, StepReport
-
-    def zeros(cls: type[msgspec.Struct], **given: Any) -> Any:
-        values = {f.name: 0 for f in msgspec.structs.fields(cls) if f.name not in given}
-        return cls(**values, **given)
-
     numbers = [n for n in range(2000) if n != 5]
     steps = [
-        zeros(
+        _zeros(
             StepReport,
             step=n,
             staleness={},
@@ -219,13 +227,7 @@ def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ti
         )
         for n in numbers
     ]
-    latency = LatencySummary(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
-    total = zeros(KeyReport, agent_name=None, task_name=None, generation_latency=latency)
-    stats = zeros(AuditReport, by_agent_task=[], total=total, by_step=steps)
-    import numpy
-    from matplotlib.patches import StepPatch
-
-    fig = report.plot_steps(report.RunPicture(stats=stats))
+    fig = plot_steps(_picture(steps))
     left, right = fig.axes
     for ax in (left, right):
         assert 2 <= len(ax.get_xticks()) <= 13
@@ -237,3 +239,13 @@ def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ti
     assert list(trained) == [0 if n == 5 else 10 * n for n in range(2000)]
     assert list(numpy.asarray(stacked_on)) == list(trained)
     assert list(retries)[4:7] == [1, 0, 0]  # step 5 lacks: zero
+
+
+@pytest.mark.parametrize("numbers", [[7], []])
+def test_a_run_of_one_step_or_none_has_whole_step_ticks(numbers: list[int]) -> None:
+    """(Found by review: with fewer than two whole steps in view the axis read 6.4 ... 7.6.)"""
+    steps = [_zeros(StepReport, step=n, staleness={}, retries=1) for n in numbers]
+    for ax in plot_steps(_picture(steps)).axes:
+        low, high = ax.get_xlim()
+        shown = [float(t) for t in ax.get_xticks() if low <= t <= high]
+        assert shown and all(t.is_integer() for t in shown), shown

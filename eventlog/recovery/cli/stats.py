@@ -117,7 +117,7 @@ def _staleness(found: dict[int, int]) -> str:
     return " ".join(f"{lag}:{n}" for lag, n in found.items()) or "-"
 
 
-_STEP_TABLE: list[tuple[str, Justify]] = [
+_STEP_TABLE: list[tuple[str, Justify]] = [  # a row per step: print_table, not rich, lays it out
     ("step", "right"),
     *((title, "right") for _, title in _STEP_COLUMNS),
     ("staleness", "left"),
@@ -125,6 +125,7 @@ _STEP_TABLE: list[tuple[str, Justify]] = [
 
 
 def _step_row(s: StepReport) -> list[str]:
+    """One step's row of `_STEP_TABLE`."""
     return [
         str(s.step),
         *(f"{getattr(s, key):,}" for key, _ in _STEP_COLUMNS),
