@@ -12,11 +12,11 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
-import numpy
 import pytest
 from matplotlib.patches import StepPatch
 
@@ -232,12 +232,12 @@ def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ti
     for ax in (left, right):
         assert 2 <= len(ax.get_xticks()) <= 13
         assert [type(p) for p in ax.patches] == [StepPatch, StepPatch]  # one per series
-        restores = [numpy.asarray(line.get_xdata(), dtype=float).tolist() for line in ax.lines]
+        restores = [list(map(float, cast(Iterable[float], line.get_xdata()))) for line in ax.lines]
         assert [xs for xs in restores if xs] == [[700, 700]]  # the restore's line, once
     patches = [p for ax in (left, right) for p in ax.patches if isinstance(p, StepPatch)]
     (retries, _, _), _, (trained, _, _), (_, _, stacked_on) = (p.get_data() for p in patches)
     assert list(trained) == [0 if n == 5 else 10 * n for n in range(2000)]
-    assert list(numpy.asarray(stacked_on)) == list(trained)
+    assert list(cast(Iterable[float], stacked_on)) == list(trained)
     assert list(retries)[4:7] == [1, 0, 0]  # step 5 lacks: zero
 
 
