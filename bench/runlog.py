@@ -40,7 +40,7 @@ from eventlog import EventLog
 from eventlog.dataplane.memory import InMemoryDataPlane
 from eventlog.events import Event
 from eventlog.records import NO_STREAM, AppendRequest, ExpectedVersion
-from eventlog.recovery.checkpoint import SNAPSHOT_NAME, live_versions, save_snapshot
+from eventlog.recovery.checkpoint import live_versions, save_snapshot
 from eventlog.recovery.config import DEFAULT_TRAINING_PARTITION
 from eventlog.recovery.restore import Prompt, prompt_digest
 from eventlog.recovery.vocabulary import (
@@ -553,10 +553,7 @@ class _Generator:
         self.flush()
         seq = self.log.head()
         versions = self.ledger_versions = live_versions(self.state, self.ledger_versions)
-        save_snapshot(self.log, seq, self.state, versions)
-        stored = self.log.load_snapshot(SNAPSHOT_NAME, seq)
-        assert stored is not None and stored[0] == seq
-        payload = stored[1]
+        snapshot_bytes = save_snapshot(self.log, seq, self.state, versions)
         self.checkpoints.append(
             {
                 "step": self.step,
@@ -564,7 +561,7 @@ class _Generator:
                 "groups": len(self.state.groups),
                 "replay": len(self.state.replay),
                 "rows": saved.row_count,
-                "snapshot_bytes": len(payload),
+                "snapshot_bytes": snapshot_bytes,
             }
         )
 

@@ -62,18 +62,8 @@ def print_table(
     wider than the console."""
     cells = [list(row) for row in rows]
     names = [name for name, _ in columns]
-    widths = [cell_len(name) for name in names]
-    plain = isinstance(console, _OutputConsole) and not console.is_terminal
-    for row in [names, *cells] if plain else ():
-        if len(row) != len(columns):
-            plain = False
-            break
-        for i, text in enumerate(row):
-            plain = plain and text.isprintable() and text.strip() == text
-            widths[i] = max(widths[i], cell_len(text))
-        if not plain:
-            break
-    if plain and sum(widths) + 2 * (len(widths) - 1) <= console.width:
+    widths = _plain_widths(console, [names, *cells])
+    if widths is not None:
         right = [justify == "right" for _, justify in columns]
 
         def line(row: Sequence[str]) -> str:
@@ -94,8 +84,24 @@ def print_table(
     console.print(table)
 
 
+def _plain_widths(console: Console, rows: list[list[str]]) -> list[int] | None:
+    """Each column's width in cells where `print_table` lays the rows (the header first) out
+    itself; None where rich must."""
+    if not isinstance(console, _OutputConsole) or console.is_terminal:
+        return None
+    widths = [0] * len(rows[0])
+    for row in rows:
+        if len(row) != len(widths):
+            return None
+        for i, text in enumerate(row):
+            if not text.isprintable() or text.strip() != text:
+                return None
+            widths[i] = max(widths[i], cell_len(text))
+    return widths if sum(widths) + 2 * (len(widths) - 1) <= console.width else None
+
+
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, markup=False, emoji=False)
+    return Console(stderr=True, highlight=False, markup=False)
 
 
 PROGRESS_MIN_RECORDS = 10_000

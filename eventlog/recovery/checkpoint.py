@@ -399,8 +399,11 @@ def live_versions(state: LedgerState, versions: Mapping[str, int]) -> dict[str, 
 _LEDGER_STREAMS = (CONTROLLER_STREAM, REPLAY_STREAM, EPOCH_STREAM)
 
 
-def save_snapshot(log: EventLog, seq: int, state: LedgerState, versions: Mapping[str, int]) -> None:
+def save_snapshot(log: EventLog, seq: int, state: LedgerState, versions: Mapping[str, int]) -> int:
     """Store the state at a CheckpointCommitted seq, so a restore need not fold the whole run
-    (with the ledger's `live_versions`, so its size follows the work in flight)."""
+    (with the ledger's `live_versions`, so its size follows the work in flight); the bytes
+    stored."""
     snapshot = Snapshot(state=state, versions=dict(versions), projection_version=PROJECTION_VERSION)
-    log.save_snapshot(SNAPSHOT_NAME, seq, msgspec.msgpack.encode(snapshot))
+    payload = msgspec.msgpack.encode(snapshot)
+    log.save_snapshot(SNAPSHOT_NAME, seq, payload)
+    return len(payload)

@@ -507,7 +507,8 @@ class RecoveryLedger:
 
     def _learn(self, stream: str, version: int | None, era: int) -> None:
         """What a read found, unless an append of ours landed on the stream meanwhile, or
-        the ledger started over from the log (a restore) since the read began (`era`)."""
+        the ledger started over from the log (a restore) or dropped versions (a checkpoint)
+        since the read began (`era`)."""
         if stream in self._versions or stream in self._absent:
             return
         if era != self._era:
@@ -1447,10 +1448,8 @@ class RecoveryLedger:
         (result,) = yield self._prepare(cut, [(CONTROLLER_STREAM, None, [event])])
         seq = result.seqs[0]
         state = self._require_state()
-        # One copy first (a checkpoint may run in a thread while the loop adopts a landed
-        # append), then the versions a read begun before now may no longer be told from.
-        self._versions = live_versions(state, dict(self._versions))
-        self._era += 1
+        self._versions = live_versions(state, self._versions)
+        self._era += 1  # a read begun before may predate an append whose version went
         save_snapshot(self.log, seq, state, self._versions)
         logger.info(
             "checkpoint step %d at seq %d: %d groups, %d data-plane rows",

@@ -382,7 +382,7 @@ class SqlStore:
             # One request, ids minted, to a stream this writer knows or one it takes to be new
             # (`_assumable`'s rule for a request alone): nothing at all to read.
             stream, expected, items, chosen = submissions[0][0]
-            new = stream not in known and expected == EXPECT_NO_STREAM and bool(items)
+            new = stream not in known and _may_be_new(expected, items)
             if not chosen and (stream in known or new):
                 return _Batch(
                     head=self._known_head,
@@ -1012,8 +1012,14 @@ def _assumable(
     once: dict[str, bool] = {}
     for submission in submissions:
         for stream, expected, items, _ in submission:
-            once[stream] = stream not in once and expected == EXPECT_NO_STREAM and bool(items)
+            once[stream] = stream not in once and _may_be_new(expected, items)
     return [s for s in missing if not once[s]], [s for s in missing if once[s]]
+
+
+def _may_be_new(expected: int, items: Sequence[object]) -> bool:
+    """Whether a request's stream may be taken to be new unread: it expects NO_STREAM and
+    carries events, so its version-0 row is what checks the guess."""
+    return expected == EXPECT_NO_STREAM and bool(items)
 
 
 def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:

@@ -231,6 +231,7 @@ def test_the_steps_plot_of_a_long_run_draws_one_artist_per_series_and_a_dozen_ti
     left, right = fig.axes
     for ax in (left, right):
         assert 2 <= len(ax.get_xticks()) <= 13
+        assert ax.get_ylim()[0] == 0  # counts: no margin below zero
         assert [type(p) for p in ax.patches] == [StepPatch, StepPatch]  # one per series
         restores = [list(map(float, cast(Iterable[float], line.get_xdata()))) for line in ax.lines]
         assert [xs for xs in restores if xs] == [[700, 700]]  # the restore's line, once

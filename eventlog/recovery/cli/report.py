@@ -322,7 +322,6 @@ def plot_steps(pic: RunPicture) -> Figure:
     for ax in (left, right):
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
-        ax.set_ylim(bottom=0)
         for step in restored:
             ax.axvline(step, color="#c92a2a", linestyle="--", linewidth=1.5)
         if restored:
