@@ -21,7 +21,7 @@ import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, Any, NamedTuple, Protocol, cast
 
 import click
 import msgspec
@@ -314,13 +314,15 @@ class _Sink:
         self.pending = 0
 
 
-def _envelope(envelope: list[Any], ids: list[str], time_as_text: bool, with_type: bool) -> Columns:
+def _envelope(
+    envelope: list[Any], ids: Sequence[str], time_as_text: bool, with_type: bool
+) -> Columns:
     """The envelope columns of rows given as their columns (`zip(*rows)`, table order)."""
     columns: Columns = {
         "seq": list(envelope[0]),
         "stream": list(envelope[1]),
         "version": list(envelope[2]),
-        "event_id": ids,
+        "event_id": list(ids),
     }
     if with_type:
         columns["type"] = list(envelope[4])
@@ -388,9 +390,10 @@ class ChunkBuilder:
         envelope = list(zip(*chunk, strict=True))
         ids = uuid_texts(envelope[3])
         types: tuple[str, ...] = envelope[4]
-        events, data = self.decoder.decode(chunk, envelope)
+        events = self.decoder.decode(chunk, envelope)
         columns = _envelope(envelope, ids, self.time_as_text, with_type=True)
-        columns["data"] = _data_texts(data, envelope[7])
+        data: list[str | None] = [None] * len(chunk)  # filled type by type below
+        columns["data"] = data
         mark_column, mark_of = self.mark_column, self.mark_of
         if mark_column is not None and mark_of is not None:
             marks = list(map(mark_of, envelope[0]))
@@ -401,15 +404,21 @@ class ChunkBuilder:
         # the rows of each type, in seq order (a stable sort of the chunk's indices)
         order = sorted(range(len(chunk)), key=types.__getitem__)
         for name, group in itertools.groupby(order, key=types.__getitem__):
-            at = [i for i in group if events[i] is not None]
-            if not at:
-                continue
-            first = events[at[0]]
-            assert first is not None
-            cls = type(first)
-            rows = list(zip(*map(chunk.__getitem__, at), strict=True))
-            part = _envelope(rows, list(map(ids.__getitem__, at)), self.time_as_text, False)
-            part.update(typed_columns(cls, list(map(data.__getitem__, at))))
+            at = list(group)
+            if None in map(events.__getitem__, at):  # rows this program cannot read
+                for i in at:
+                    if events[i] is None:
+                        data[i] = _raw_text(chunk[i][7])
+                at = [i for i in at if events[i] is not None]
+                if not at:
+                    continue
+            evs = cast(list[Event], list(map(events.__getitem__, at)))
+            cls = type(evs[0])
+            for i, text in zip(at, data_texts(cls, evs), strict=True):
+                data[i] = text
+            pick = _picker(at)
+            part = _envelope(list(map(pick, envelope)), pick(ids), self.time_as_text, False)
+            part.update(typed_columns(cls, evs))
             typed.append(TypedPart(name, cls, self.form.encode(typed_spec(cls), part), len(at)))
         return Chunk(
             envelope[0][-1],
@@ -418,6 +427,14 @@ class ChunkBuilder:
             typed,
             os.getpid(),
         )
+
+
+def _picker(at: list[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """The items at `at` of a sequence, as a sequence (itemgetter gives one item alone)."""
+    if len(at) == 1:
+        only = at[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*at)
 
 
 class ExportCommand(click.Command):
@@ -603,17 +620,6 @@ def _stale_tables(
     return stale
 
 
-def _data_texts(data: list[Any], payloads: Sequence[bytes]) -> list[str | None]:
-    """The `data` column: each event's fields as JSON, or the raw fields of a record whose
-    event does not decode."""
-    if None not in data:
-        return json_texts(data)
-    return [
-        json_text(d) if d is not None else _raw_text(payload)
-        for d, payload in zip(data, payloads, strict=True)
-    ]
-
-
 def _raw_text(payload: bytes) -> str | None:
     """The `data` of a record whose event does not decode: its raw fields, if any."""
     raw = raw_data(payload)
@@ -637,19 +643,13 @@ class _ChunkDecoder:
         )
         self.items = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
-    def decode(
-        self, chunk: list[RecordRow], envelope: list[Any]
-    ) -> tuple[list[Event | None], list[Any]]:
-        """Each row's event (None: it does not decode) and its fields as builtins; `envelope`
-        is the chunk's columns (`zip(*chunk)`)."""
+    def decode(self, chunk: list[RecordRow], envelope: list[Any]) -> list[Event | None]:
+        """Each row's event (None: it does not decode); `envelope` is the chunk's columns
+        (`zip(*chunk)`)."""
         events = self._at_once(envelope[4], envelope[5], envelope[7])
         if events is None:
             events = [self._one(row) for row in chunk]
-        data: list[Any] = msgspec.to_builtins(events)
-        for d in data:
-            if d is not None:
-                del d["type"]
-        return events, data
+        return events
 
     def _at_once(
         self, types: Sequence[str], schemas: Sequence[int], payloads: Sequence[bytes]
@@ -679,22 +679,52 @@ class _ChunkDecoder:
             return None
 
 
-def typed_columns(cls: type[Event], data: list[dict[str, Any]]) -> Columns:
-    """The field columns of one event type's rows, from their fields as builtins: one
-    lookup of every field per row, transposed at once; nested values as JSON text."""
-    fields = event_columns(cls)
-    if not fields:
-        return {}
-    if len(fields) == 1:
-        only = fields[0][0]
-        values: list[Sequence[Any]] = [[d.get(only) for d in data]]
-    else:
-        getter = operator.itemgetter(*[field for field, _, _, _ in fields])
-        try:
-            values = list(zip(*map(getter, data), strict=True))
-        except KeyError:  # a field left out (omit_defaults): null, as before
-            values = [[d.get(field) for d in data] for field, _, _, _ in fields]
-    return {
-        column: json_texts(column_values) if kind == "json" else list(column_values)
-        for (_, column, kind, _), column_values in zip(fields, values, strict=True)
-    }
+def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
+    """The field columns of one event type's rows: each field of every event at once, as
+    builtins (msgspec.to_builtins of the column); nested values as JSON text; a field an
+    event of an omit_defaults type leaves out, null (as its fields' JSON has it)."""
+    columns: Columns = {}
+    rows: Sequence[Any] = events
+    pick: Callable[[str], Callable[[Any], Any]] = operator.attrgetter
+    if cls.__struct_config__.omit_defaults:  # a field left out holding its default: null
+        rows, pick = list(map(_fields, events)), functools.partial(operator.methodcaller, "get")
+    for field, column, kind, _ in event_columns(cls):
+        values = msgspec.to_builtins(list(map(pick(field), rows)))
+        columns[column] = json_texts(values) if kind == "json" else values
+    return columns
+
+
+def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
+    """Each event's fields as `json_text` of its builtins (sorted keys, no tag), encoded
+    straight from the structs: msgspec sorts a struct's tag among its fields, so each
+    event's text holds its tag entry once, cut from all of them in one pass. Only when the
+    entry occurs once per event (no nested value holds it; no field left out shifts it)
+    and the text is ASCII (json_text escapes the rest as json.dumps does); else event by
+    event."""
+    entry, cut = _tag_entry(cls)
+    joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
+    if joined.count(entry) == len(events) and joined.isascii():
+        return list(joined.replace(entry, cut).decode("ascii").split("\n"))
+    return [json_text(_fields(event)) for event in events]
+
+
+@functools.cache
+def _tag_entry(cls: type[Event]) -> tuple[bytes, bytes]:
+    """The tag entry of `cls`'s sorted JSON with its separator, and what it becomes."""
+    config, field = cls.__struct_config__, cls.__struct_config__.tag_field
+    assert field is not None  # every event type is tagged
+    tag = b'"%s":%s' % (field.encode(), _json.encode(config.tag))
+    keys = sorted([*cls.__struct_encode_fields__, field])
+    place = keys.index(field)
+    if place > 0:
+        return b"," + tag, b""
+    if len(keys) > 1:
+        return tag + b",", b""
+    return b"{" + tag + b"}", b"{}"
+
+
+def _fields(event: Event) -> Any:
+    """An event's fields as builtins, without its tag."""
+    found = msgspec.to_builtins(event)
+    del found[event.__struct_config__.tag_field]
+    return found

@@ -15,13 +15,16 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eventlog.chain import link
-from eventlog.events import Event
+from eventlog.events import Event, event_types
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
 from tests.cli.helpers import append_notes, cli, insert_raw, query, sql
-from tests.cli_vocabulary import CliMeasured
+from tests.cli_vocabulary import CliMeasured, CliRef
+from tests.strategies import events_of
 
 
 def export(run: AuditedRun, out: Path, fmt: str) -> None:
@@ -228,28 +231,106 @@ class _OneField(Event, frozen=True, kw_only=True):
     text: str
 
 
-def test_typed_columns_are_each_rows_field_as_json_text_or_null() -> None:
-    """The columns of a batch are those of each row alone: nested values as `json_text`
-    (non-ASCII text escaped as before), a null or left-out field as null."""
-    from eventlog.cli.export import event_columns, json_text, typed_columns
+class _Bare(Event, frozen=True, kw_only=True):
+    """No field: its text is the tag entry alone, cut to `{}`."""
 
-    data: list[dict[str, Any]] = [
-        {"name": "a", "value": 1.0, "ok": True, "tags": ["x"], "ref": {"name": "r", "weight": 2.0}},
-        {"name": "b", "value": 0.5, "ok": False, "tags": ["\u00e9\u4e2d"], "ref": None},
-        {"name": "c", "value": 0.0, "ok": True, "tags": []},  # ref left out
-    ]
-    expected = {
+
+class _First(Event, frozen=True, kw_only=True):
+    """Every field sorts after the tag: its entry leads the text."""
+
+    zone: dict[str, Any]
+    value: int = 0
+
+
+class _Thin(Event, frozen=True, kw_only=True, omit_defaults=True):
+    """A field left out when it holds its default: the tag entry moves to the front."""
+
+    alpha: int = 0
+    zeta: str = ""
+
+
+def _reference(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]:
+    """The `data` texts and typed columns of each event alone, from its builtins."""
+    from eventlog.cli.export import event_columns, json_text
+
+    fields = [msgspec.to_builtins(e) for e in events]
+    for d in fields:
+        del d["type"]
+    columns = {
         column: [
             None if d.get(field) is None else json_text(d[field]) if kind == "json" else d[field]
-            for d in data
+            for d in fields
         ]
-        for field, column, kind, _ in event_columns(CliMeasured)
+        for field, column, kind, _ in event_columns(type(events[0]))
     }
-    assert typed_columns(CliMeasured, data) == expected
-    assert expected["tags"][1] == '["\\u00e9\\u4e2d"]' and expected["ref"][1:] == [None, None]
-    assert typed_columns(CliMeasured, data[:2]) == {k: v[:2] for k, v in expected.items()}
-    one = [{"text": "ab"}, {"text": "\u00e9"}]
-    assert typed_columns(_OneField, one) == {"text": ["ab", "\u00e9"]}
+    return [json_text(d) for d in fields], columns
+
+
+def _built(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]:
+    from eventlog.cli.export import data_texts, typed_columns
+
+    return data_texts(type(events[0]), events), typed_columns(type(events[0]), events)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [
+            CliMeasured(name="a", value=1.0, ok=True, tags=["x"], ref=CliRef(name="r", weight=2)),
+            CliMeasured(name="b", value=0.5, ok=False, tags=["\u00e9\u4e2d"]),
+            CliMeasured(name='"type":"CliMeasured"', value=0.0, ok=True, tags=[]),
+        ],
+        [_OneField(text="ab"), _OneField(text="\u00e9")],
+        [_Bare(), _Bare()],
+        [_First(zone={"type": "_First", "b": [1]}), _First(zone={}, value=3)],
+        [_First(zone={"a": 1, "type": "_First", "z": {"type": "_First", "y": 2}}, value=1)],
+        [_Thin(), _Thin(alpha=1), _Thin(zeta="z"), _Thin(alpha=2, zeta="y")],
+    ],
+    ids=["nested, non-ascii", "one field", "no field", "tag first", "tag nested", "left out"],
+)
+def test_tables_hold_each_events_own_fields_as_its_builtins_give_them(
+    events: list[Event],
+) -> None:
+    """The columns of a batch are those of each event alone: `data` is `json_text` of its
+    fields (tag cut even where a nested value holds the same entry, or a left-out field
+    moves it; non-ASCII text escaped as before), nested values as JSON text, null as null."""
+    assert _built(events) == _reference(events)
+    assert _built(events[:1]) == _reference(events[:1])
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [CliMeasured(name="a", value=1.0, ok=True, tags=["x"], ref=CliRef(name="r", weight=2))],
+        [_OneField(text="ab"), _OneField(text="cd")],
+        [_Bare(), _Bare()],
+        [_First(zone={"b": [1]}), _First(zone={}, value=3)],
+        [_Thin(alpha=2, zeta="y")],
+    ],
+    ids=["tag inside", "one field", "no field", "tag first", "all fields there"],
+)
+def test_ascii_events_are_cut_in_one_pass_not_one_by_one(
+    events: list[Event], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever place the tag entry takes among a type's fields, its events' texts come
+    from the joined text: none goes through its builtins."""
+    from eventlog.cli import export as module
+
+    expected = _reference(events)[0]
+
+    def one_by_one(event: Event) -> None:
+        raise AssertionError(f"{type(event).__name__} went event by event")
+
+    monkeypatch.setattr(module, "_fields", one_by_one)
+    assert module.data_texts(type(events[0]), events) == expected
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_registered_type_is_exported_as_its_builtins_give_it(data: st.DataObject) -> None:
+    for cls in sorted(event_types().values(), key=lambda c: c.__name__):
+        events = data.draw(st.lists(events_of(cls), min_size=1, max_size=3), label=cls.__name__)
+        assert _built(events) == _reference(events), cls.__name__
 
 
 @pytest.mark.parametrize("where", ["inside the log file", "a table name is a folder"])
