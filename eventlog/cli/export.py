@@ -627,21 +627,18 @@ def _raw_text(payload: bytes) -> str | None:
 
 
 class _ChunkDecoder:
-    """A chunk of rows decoded at once: a msgpack array of their payloads, read by one
-    decoder of every known event type (a tagged union). The array is first read as raw
-    items, and each must span exactly its row's payload: a payload that is short, holds two
-    events or trails bytes would otherwise lend its neighbour data. A chunk holding any other
-    record (an unknown type, another schema version, a payload that does not decode as its
-    row's type, or alone) is decoded record by record as `codec.decode` does."""
+    """A chunk of rows decoded at once: each payload by one decoder of every known event
+    type (a tagged union), which refuses a payload that is short or trails bytes. A chunk
+    holding any other record (an unknown type, another schema version, a payload that does
+    not decode as its row's type) is decoded record by record as `codec.decode` does."""
 
     def __init__(self, known: dict[str, type[Event]]) -> None:
         self.known = known
         self.current = {name: cls.schema for name, cls in known.items()}
         every: Any = functools.reduce(operator.or_, known.values()) if known else None
-        self.many: msgspec.msgpack.Decoder[Any] | None = (
-            msgspec.msgpack.Decoder(list[every]) if known else None
+        self.any_of: msgspec.msgpack.Decoder[Any] | None = (
+            msgspec.msgpack.Decoder(every) if known else None
         )
-        self.items = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
     def decode(self, chunk: list[RecordRow], envelope: list[Any]) -> list[Event | None]:
         """Each row's event (None: it does not decode); `envelope` is the chunk's columns
@@ -655,16 +652,12 @@ class _ChunkDecoder:
         self, types: Sequence[str], schemas: Sequence[int], payloads: Sequence[bytes]
     ) -> list[Event | None] | None:
         current, known = self.current, self.known
-        if self.many is None or any(
+        if self.any_of is None or any(
             current.get(t) != s for t, s in set(zip(types, schemas, strict=True))
         ):
             return None
-        blob = b"\xdd" + len(payloads).to_bytes(4, "big") + b"".join(payloads)
         try:
-            items = self.items.decode(blob)
-            if list(map(len, items)) != list(map(len, payloads)):
-                return None  # an item spans more or less than its row's payload
-            events: list[Event | None] = self.many.decode(blob)
+            events: list[Event | None] = list(map(self.any_of.decode, payloads))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
         if list(map(type, events)) != list(map(known.__getitem__, types)):

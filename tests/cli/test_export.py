@@ -152,9 +152,9 @@ def insert_payload(path: str, type_name: str, payload: bytes, version: int) -> i
 def test_a_payload_holding_its_neighbours_event_lends_it_no_data(
     log_file: str, tmp_path: Path
 ) -> None:
-    """Two payloads that each fail alone (one holds two events, the next is empty) read as two
-    events when a chunk's payloads are decoded as one array: each record keeps what its own
-    payload holds, as record by record."""
+    """Two payloads that each fail alone (one holds two events, the next is empty) would read
+    as two events were a chunk's payloads decoded as one array: each record keeps what its
+    own payload holds, as record by record."""
     append_notes(log_file, 2)
     note = {"type": "CliNote", "text": "lent", "n": 9}
     doubled = insert_payload(log_file, "CliNote", msgspec.msgpack.encode(note) * 2, 0)
