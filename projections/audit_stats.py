@@ -619,7 +619,8 @@ def fold_rows(
             if inside:
                 rolled_back += 1
             if times is not None:
-                bins[max(min((at - first) * n_bins // span, last_bin), 0)] += 1
+                place = (at - first) * n_bins // span  # clamped without min/max calls
+                bins[last_bin if place > last_bin else place if place > 0 else 0] += 1
             entry = table.get(type_name)
             if entry is None:  # a type the fold does not read: counted only
                 continue

@@ -107,3 +107,17 @@ def test_fold_rows_hands_the_watched_classes_over_and_bins_every_record_time(
     assert times.bins == expected
     assert sum(times.bins) == len(records)
     assert any(isinstance(r.event, TokensStaged) for r in records)
+
+
+def test_times_outside_the_span_land_in_the_first_or_last_bin(run: AuditedRun) -> None:
+    """A record recorded before the span's start (a clock set back) counts in the first bin,
+    one recorded after its end in the last: every record is counted once."""
+    log = run.h.log
+    records = run.h.records()
+    middle = sorted(r.recorded_at for r in records)[len(records) // 2]
+    first, span = middle, max(records[-1].recorded_at - middle, 1) // 2
+    times = TimeBins(first, span, [0] * 5)
+    fold_rows(_state(run), log.read_payloads(1, log.head()), stored_event, times=times)
+    place = [(r.recorded_at - first) * 5 // span for r in records]
+    assert any(p < 0 for p in place) and any(p > 4 for p in place)
+    assert times.bins == [sum(1 for p in place if min(max(p, 0), 4) == b) for b in range(5)]
