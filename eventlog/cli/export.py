@@ -140,7 +140,8 @@ def json_texts(values: Sequence[Any]) -> list[str | None]:
     return [None if v is None else json_text(v) for v in values]
 
 
-Columns = dict[str, list[Any]]
+Columns = dict[str, Any]
+"""Column name -> its values: a list, or the format's array once `Format.convert`ed."""
 """A batch of rows as one list per column (every list the same length), in table order."""
 
 Spec = list[tuple[str, ColumnKind, bool]]
@@ -162,6 +163,15 @@ class Format(Protocol):
 
     suffix: str
 
+    def convert(self, columns: Columns) -> Columns:
+        """The envelope's columns as `encode` takes them, converted once (a columnar
+        format's arrays), so that rows `pick`ed from them are not converted again."""
+        ...
+
+    def pick(self, columns: Columns, at: list[int]) -> Columns:
+        """The rows at `at` of converted columns."""
+        ...
+
     def encode(self, spec: Spec, columns: Columns) -> Any: ...
 
     def join(self, parts: list[Any]) -> Any: ...
@@ -181,7 +191,18 @@ class _TextTable:
         self.file.close()
 
 
-class _JsonLines:
+class _Rows:
+    """Text formats: columns stay Python lists."""
+
+    def convert(self, columns: Columns) -> Columns:
+        return dict(columns)
+
+    def pick(self, columns: Columns, at: list[int]) -> Columns:
+        pick = _picker(at)
+        return {name: list(pick(values)) for name, values in columns.items()}
+
+
+class _JsonLines(_Rows):
     suffix = ".jsonl"
 
     def __init__(self) -> None:
@@ -201,7 +222,7 @@ class _JsonLines:
         return _TextTable(path)
 
 
-class _Csv:
+class _Csv(_Rows):
     suffix = ".csv"
 
     @staticmethod
@@ -250,10 +271,26 @@ class _Parquet:
             )
         return found
 
+    def convert(self, columns: Columns) -> Columns:
+        kinds = dict(ENVELOPE)
+        return {
+            name: self._array(values, self.kinds[kinds[name]]) for name, values in columns.items()
+        }
+
+    def pick(self, columns: Columns, at: list[int]) -> Columns:
+        rows = self.pa.array(at, type=self.pa.int32())
+        return {name: values.take(rows) for name, values in columns.items()}
+
     def encode(self, spec: Spec, columns: Columns) -> Any:
         schema = self.schema(spec)
-        arrays = [self.pa.array(columns[f.name], type=f.type, from_pandas=False) for f in schema]
+        arrays = [self._array(columns[f.name], f.type) for f in schema]
         return self.pa.Table.from_arrays(arrays, schema=schema)
+
+    def _array(self, values: Any, kind: Any) -> Any:
+        """Values as an array of `kind` (one converted already stays as it is)."""
+        if isinstance(values, self.pa.Array):
+            return values
+        return self.pa.array(values, type=kind, from_pandas=False)
 
     def join(self, parts: list[Any]) -> Any:
         return parts[0] if len(parts) == 1 else self.pa.concat_tables(parts)
@@ -314,22 +351,18 @@ class _Sink:
         self.pending = 0
 
 
-def _envelope(
-    envelope: list[Any], ids: Sequence[str], time_as_text: bool, with_type: bool
-) -> Columns:
+def _envelope(envelope: list[Any], ids: Sequence[str], time_as_text: bool) -> Columns:
     """The envelope columns of rows given as their columns (`zip(*rows)`, table order)."""
-    columns: Columns = {
+    recorded = envelope[6]
+    return {
         "seq": list(envelope[0]),
         "stream": list(envelope[1]),
         "version": list(envelope[2]),
         "event_id": list(ids),
+        "type": list(envelope[4]),
+        "schema": list(envelope[5]),
+        "recorded_at": list(map(format_ns, recorded)) if time_as_text else list(recorded),
     }
-    if with_type:
-        columns["type"] = list(envelope[4])
-    columns["schema"] = list(envelope[5])
-    recorded = envelope[6]
-    columns["recorded_at"] = list(map(format_ns, recorded)) if time_as_text else list(recorded)
-    return columns
 
 
 def record_spec(mark_column: str | None) -> Spec:
@@ -391,15 +424,17 @@ class ChunkBuilder:
         ids = uuid_texts(envelope[3])
         types: tuple[str, ...] = envelope[4]
         events = self.decoder.decode(chunk, envelope)
-        columns = _envelope(envelope, ids, self.time_as_text, with_type=True)
+        # The envelope columns, converted once: each type's rows are picked from them.
+        base = self.form.convert(_envelope(envelope, ids, self.time_as_text))
         data: list[str | None] = [None] * len(chunk)  # filled type by type below
-        columns["data"] = data
+        columns = {**base, "data": data}
         mark_column, mark_of = self.mark_column, self.mark_of
         if mark_column is not None and mark_of is not None:
             marks = list(map(mark_of, envelope[0]))
             columns[mark_column] = [m.fields.get(mark_column) if m else None for m in marks]
         elif mark_column is not None:
             columns[mark_column] = [None] * len(chunk)
+        del base["type"]  # a type's table has no type column
         typed: list[TypedPart] = []
         # the rows of each type, in seq order (a stable sort of the chunk's indices)
         order = sorted(range(len(chunk)), key=types.__getitem__)
@@ -416,8 +451,7 @@ class ChunkBuilder:
             cls = type(evs[0])
             for i, text in zip(at, data_texts(cls, evs), strict=True):
                 data[i] = text
-            pick = _picker(at)
-            part = _envelope(list(map(pick, envelope)), pick(ids), self.time_as_text, False)
+            part = self.form.pick(base, at)
             part.update(typed_columns(cls, evs))
             typed.append(TypedPart(name, cls, self.form.encode(typed_spec(cls), part), len(at)))
         return Chunk(

@@ -375,3 +375,51 @@ def test_the_stale_table_removal_never_removes_the_log_it_read(tmp_path: Path) -
     assert result.exit_code == 0, result.stderr
     assert log.exists() and "removed" not in result.stdout
     assert cli("verify", str(log)).exit_code == 0
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_each_type_table_holds_the_envelope_of_that_types_records(
+    run: AuditedRun, tmp_path: Path, fmt: str
+) -> None:
+    """A type's table repeats, row by row, the envelope its records have in `records`."""
+    export(run, tmp_path, fmt)
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        if fmt == "parquet":
+            table = pq.read_table(tmp_path / f"{name}.parquet")
+            at = table.schema.get_field_index("recorded_at")  # ns: as integers
+            table = table.set_column(at, "recorded_at", table.column(at).cast(pa.int64()))
+            return list(table.to_pylist())
+        return [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+
+    envelope = ["seq", "stream", "version", "event_id", "schema", "recorded_at"]
+    records = rows("records")
+    for name in {r["type"] for r in records}:
+        assert [{k: r[k] for k in envelope} for r in rows(name)] == [
+            {k: r[k] for k in envelope} for r in records if r["type"] == name
+        ], name
+
+
+def test_parquet_converts_the_envelope_once_per_chunk_not_once_per_type(
+    run: AuditedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A type's envelope columns are taken from the chunk's converted ones: only the fields
+    of each type (and `records`' data and mark) are converted from Python values."""
+    from eventlog.cli import export as module
+
+    log = run.h.log
+    builder = module._builder(log, "parquet", log.head(), None)
+    chunk = module._read(log, 1, log.head())
+    converted: list[int] = []
+    convert = module._Parquet._array
+
+    def counted(self: Any, values: Any, kind: Any) -> Any:
+        if not isinstance(values, pa.Array):
+            converted.append(len(values))
+        return convert(self, values, kind)
+
+    monkeypatch.setattr(module._Parquet, "_array", counted)
+    built = builder.build(chunk)
+    fields = sum(len(module.event_columns(part.cls)) for part in built.typed)
+    assert len(built.typed) > 3
+    assert len(converted) == len(module.ENVELOPE) + 1 + fields  # + records' data
