@@ -44,9 +44,6 @@ IN_FLIGHT = 4
 """Results per worker submitted and not yet taken: what bounds memory (an export chunk's
 tables are a few MB) while the consumer, writing in order, falls behind now and then."""
 
-RESULT_SWITCH_S = 0.0002
-"""The GIL's switch interval in the command's process while its workers run (`Workers`)."""
-
 T = TypeVar("T")
 
 
@@ -241,11 +238,6 @@ class Workers(Generic[T]):
             )
         except OSError as exc:
             raise _pool_failed(exc) from exc
-        # A result crosses its pipe 64 KiB a read, and the pool's thread takes the GIL back
-        # from the consumer after each read: at the default 5 ms a take, a chunk of a few MB
-        # waited tens of ms for the consumer to let go. Until `close`.
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch, RESULT_SWITCH_S))
 
     def map(self, args: Iterable[Any]) -> Iterator[T]:
         """`fn` of each argument, in their order. At most IN_FLIGHT per worker are submitted
@@ -276,10 +268,7 @@ class Workers(Generic[T]):
             raise _pool_failed(exc) from exc
 
     def close(self) -> None:
-        try:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        finally:
-            sys.setswitchinterval(self._switch)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> Workers[T]:
         return self

@@ -194,26 +194,6 @@ def test_workers_mark_records_as_the_log_stood_at_the_commands_head(run: Audited
     assert marker.marks(run.h.log, run.restore_seq - 1) is None
 
 
-def test_the_gil_changes_hands_often_while_workers_run_and_only_then() -> None:
-    """A result crosses its pipe 64 KiB a read, each read taking the GIL back from the
-    consumer: while workers run, the command's process switches every 0.2 ms, and after
-    they stop (their last result taken, or an error) at its own interval again."""
-    vocabulary = workers.portable_vocabulary()
-    assert vocabulary is not None
-    before = sys.getswitchinterval()
-    assert before > workers.RESULT_SWITCH_S
-    with workers.Workers(1, vocabulary, int, operator.add) as pool:
-        assert sys.getswitchinterval() == pytest.approx(workers.RESULT_SWITCH_S)
-        assert list(pool.map(range(3))) == [0, 1, 2]
-    assert sys.getswitchinterval() == before
-    with (
-        pytest.raises(ZeroDivisionError),
-        workers.Workers(1, vocabulary, int, operator.floordiv) as pool,
-    ):
-        list(pool.map([0]))
-    assert sys.getswitchinterval() == before
-
-
 def test_workers_run_ahead_of_their_consumer_by_a_bounded_number_of_results() -> None:
     """Results come in their arguments' order, and no more than IN_FLIGHT per worker are
     asked for before the first is taken: memory stays bounded when writing falls behind."""
