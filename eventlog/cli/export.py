@@ -141,8 +141,8 @@ def json_texts(values: Sequence[Any]) -> list[str | None]:
 
 
 Columns = dict[str, Any]
-"""Column name -> its values: a list, or the format's array once `Format.convert`ed."""
-"""A batch of rows as one list per column (every list the same length), in table order."""
+"""A batch of rows as one list per column (every list the same length), in table order; a
+column `Format.convert`ed is the format's array instead."""
 
 Spec = list[tuple[str, ColumnKind, bool]]
 """A table's columns: (name, kind, nullable), in table order."""
@@ -724,10 +724,12 @@ def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
 def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
     """Each event's fields as `json_text` of its builtins (sorted keys, no tag), encoded
     straight from the structs: msgspec sorts a struct's tag among its fields, so each
-    event's text holds its tag entry once, cut from all of them in one pass. Only when the
-    entry occurs once per event (no nested value holds it; no field left out shifts it)
-    and the text is ASCII (json_text escapes the rest as json.dumps does); else event by
-    event."""
+    event's text holds its tag entry once, cut from all of them in one pass. Only where
+    every field is encoded (a type that leaves defaults out moves its tag), the entry
+    occurs once per event (no nested value holds it) and the text is ASCII (json_text
+    escapes the rest as json.dumps does); else event by event."""
+    if cls.__struct_config__.omit_defaults:
+        return [json_text(_fields(event)) for event in events]
     entry, cut = _tag_entry(cls)
     joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
     if joined.count(entry) == len(events) and joined.isascii():
