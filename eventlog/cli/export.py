@@ -19,6 +19,7 @@ import itertools
 import json
 import operator
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple, Protocol, cast
@@ -174,6 +175,15 @@ class Format(Protocol):
 
     def encode(self, spec: Spec, columns: Columns) -> Any: ...
 
+    def spool(self, parts: list[Any], path: Path) -> list[int] | None:
+        """Write encoded parts to `path` for the command's process (a worker's chunk), and
+        the offset each one ends at; None: the parts travel pickled instead."""
+        ...
+
+    def unspool(self, path: Path, ends: list[int]) -> list[Any]:
+        """The parts `spool` wrote to `path`."""
+        ...
+
     def join(self, parts: list[Any]) -> Any: ...
 
     def open(self, path: Path, spec: Spec) -> Table: ...
@@ -192,7 +202,13 @@ class _TextTable:
 
 
 class _Rows:
-    """Text formats: columns stay Python lists."""
+    """Text formats: columns stay Python lists; a chunk's text travels pickled."""
+
+    def spool(self, parts: list[Any], path: Path) -> list[int] | None:
+        return None
+
+    def unspool(self, path: Path, ends: list[int]) -> list[Any]:
+        raise AssertionError("text parts are never spooled")
 
     def convert(self, columns: Columns) -> Columns:
         return dict(columns)
@@ -291,6 +307,26 @@ class _Parquet:
         if isinstance(values, self.pa.Array):
             return values
         return self.pa.array(values, type=kind, from_pandas=False)
+
+    def spool(self, parts: list[Any], path: Path) -> list[int] | None:
+        """Each table as an Arrow IPC stream, one after another: written and read back by
+        copying its buffers, where pickling a chunk's tables through the pool's pipe cost
+        several copies and a GIL hand-over per 64 KiB."""
+        ends: list[int] = []
+        with self.pa.OSFile(str(path), "wb") as file:
+            for table in parts:
+                with self.pa.ipc.new_stream(file, table.schema) as stream:
+                    stream.write_table(table)
+                ends.append(file.tell())
+        return ends
+
+    def unspool(self, path: Path, ends: list[int]) -> list[Any]:
+        data = self.pa.py_buffer(path.read_bytes())
+        starts = [0, *ends[:-1]]
+        return [
+            self.pa.ipc.open_stream(data.slice(start, end - start)).read_all()
+            for start, end in zip(starts, ends, strict=True)
+        ]
 
     def join(self, parts: list[Any]) -> Any:
         return parts[0] if len(parts) == 1 else self.pa.concat_tables(parts)
@@ -398,6 +434,10 @@ class Chunk(NamedTuple):
     """Each event type's rows in the chunk."""
     pid: int
     """The process that built it."""
+    spool: str | None = None
+    """Where a worker wrote its parts (records first, then each type's; `Format.spool`):
+    then `records` and each part are None until `unspooled`."""
+    ends: list[int] | None = None
 
 
 class ChunkBuilder:
@@ -547,11 +587,14 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         with contextlib.ExitStack() as stack:
             chunks: Iterator[Chunk]
             if jobs > 1 and vocabulary is not None:
-                setup = functools.partial(_setup_worker, run_target(target), fmt, head, marker)
+                spool = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eventlog-")))
+                setup = functools.partial(
+                    _setup_worker, run_target(target), fmt, head, marker, spool
+                )
                 workers = stack.enter_context(Workers(jobs, vocabulary, setup, _build_range))
                 chunks = workers.map(ranges)
             else:
-                here = (log, _builder(log, fmt, head, marker))
+                here: _State = (log, _builder(log, fmt, head, marker), None)
                 chunks = (_build_range(here, seqs) for seqs in ranges)
             try:
                 with seq_progress("export", 1, head) as advance:
@@ -588,6 +631,8 @@ def _write_chunks(
         pids.add(chunk.pid)
         if not chunk.rows:
             continue
+        if chunk.spool is not None:
+            chunk = unspooled(chunk, records.form)
         advance(chunk.last_seq)
         records.add(chunk.records, chunk.rows)
         records.flush()
@@ -609,6 +654,31 @@ def _write_chunks(
     return pids
 
 
+def spooled(chunk: Chunk, form: Format, folder: Path) -> Chunk:
+    """A worker's chunk with its parts written to a file in `folder`, where its format
+    spools (else as it is)."""
+    if not chunk.rows:
+        return chunk
+    path = folder / f"chunk-{chunk.last_seq}"
+    ends = form.spool([chunk.records, *(t.part for t in chunk.typed)], path)
+    if ends is None:
+        return chunk
+    typed = [t._replace(part=None) for t in chunk.typed]
+    return chunk._replace(records=None, typed=typed, spool=str(path), ends=ends)
+
+
+def unspooled(chunk: Chunk, form: Format) -> Chunk:
+    """A spooled chunk with its parts read back; its file removed."""
+    assert chunk.spool is not None and chunk.ends is not None
+    path = Path(chunk.spool)
+    try:
+        records, *parts = form.unspool(path, chunk.ends)
+    finally:
+        path.unlink(missing_ok=True)
+    typed = [t._replace(part=part) for t, part in zip(chunk.typed, parts, strict=True)]
+    return chunk._replace(records=records, typed=typed, spool=None, ends=None)
+
+
 def _read(log: EventLog, low: int, high: int) -> list[RecordRow]:
     return list(log.read_rows(low, high, page_size=BATCH))
 
@@ -620,19 +690,23 @@ def _builder(log: EventLog, fmt: str, head: int, marker: Marker | None) -> Chunk
     return ChunkBuilder(fmt, event_types(), mark_of, column)
 
 
-def _setup_worker(
-    target: str, fmt: str, head: int, marker: Marker | None
-) -> tuple[EventLog, ChunkBuilder]:
-    """In a worker process: its own read-only connection to the log, and its builder."""
+_State = tuple[EventLog, ChunkBuilder, Path | None]
+"""What builds chunks: the log, a builder, and the folder a worker spools its chunks to."""
+
+
+def _setup_worker(target: str, fmt: str, head: int, marker: Marker | None, spool: Path) -> _State:
+    """In a worker process: its own read-only connection to the log, its builder, and the
+    command's spool folder."""
     log = open_log(target)
-    return log, _builder(log, fmt, head, marker)
+    return log, _builder(log, fmt, head, marker), spool
 
 
-def _build_range(state: tuple[EventLog, ChunkBuilder], seqs: tuple[int, int]) -> Chunk:
+def _build_range(state: _State, seqs: tuple[int, int]) -> Chunk:
     """The chunk of records low..high (in a worker process, or in the command's own)."""
-    log, builder = state
+    log, builder, spool = state
     with collector.paused(long=True):
-        return builder.build(_read(log, *seqs))
+        chunk = builder.build(_read(log, *seqs))
+        return chunk if spool is None else spooled(chunk, builder.form, spool)
 
 
 def _stale_tables(

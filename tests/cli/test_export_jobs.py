@@ -333,7 +333,7 @@ def test_parquet_builds_dictionaries_only_for_columns_whose_values_repeat(
 
 
 def test_a_worker_opens_the_log_read_only_with_the_marks_as_of_the_head(
-    run: AuditedRun,
+    run: AuditedRun, tmp_path: Path
 ) -> None:
     from eventlog.cli.export import _setup_worker
 
@@ -346,7 +346,8 @@ def test_a_worker_opens_the_log_read_only_with_the_marks_as_of_the_head(
             asked.append(until_seq)
 
     before = Path(run.path).read_bytes()
-    log, _ = _setup_worker(run.path, "jsonl", 17, Marks())  # type: ignore[arg-type]
+    log, _, spool = _setup_worker(run.path, "jsonl", 17, Marks(), tmp_path)  # type: ignore[arg-type]
+    assert spool == tmp_path
     with log, pytest.raises(EventLogError):
         log.append("s", [CliMeasured(name="x", value=1.0, ok=True, tags=[])])
     assert asked == [17]
@@ -394,3 +395,58 @@ def test_a_worker_registers_an_upcaster_of_a_type_whose_name_holds_spaces(
     workers._register({"upcaster spaced note v2 v7": named})
     assert codec.vocabulary()["upcaster spaced note v2 v7"] is _upcast_note
     assert ("spaced note v2", 7) in codec._UPCASTERS
+
+
+def test_a_workers_parquet_chunk_crosses_as_a_file_read_back_and_removed(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    """A worker writes its chunk's tables to a file and sends only where they are: the
+    command's process reads them back as they were built and removes the file."""
+    from eventlog.cli import export as module
+
+    log = run.h.log
+    builder = module._builder(log, "parquet", log.head(), None)
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    built = module._build_range((log, builder, None), (1, log.head()))  # the command's own
+    assert built.spool is None and built.records is not None
+    spooled = module._build_range((log, builder, folder), (1, log.head()))  # a worker's
+    assert spooled.records is None and all(t.part is None for t in spooled.typed)
+    assert spooled.spool is not None and Path(spooled.spool).parent == folder
+    assert len(pickle.dumps(spooled)) < 4096 < len(pickle.dumps(built))
+    back = module.unspooled(spooled, builder.form)
+    assert back.records.equals(built.records)
+    assert [t.part for t in back.typed] == [t.part for t in built.typed]
+    assert [(t.name, t.rows) for t in back.typed] == [(t.name, t.rows) for t in built.typed]
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_text_chunks_travel_as_they_are(run: AuditedRun, tmp_path: Path, fmt: str) -> None:
+    from eventlog.cli import export as module
+
+    log = run.h.log
+    builder = module._builder(log, fmt, log.head(), None)
+    built = builder.build(module._read(log, 1, log.head()))
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    assert module.spooled(built, builder.form, folder) is built
+    assert list(folder.iterdir()) == []
+
+
+def test_an_export_by_workers_leaves_no_spooled_chunk_behind(
+    run: AuditedRun, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Done or failed, the command's spool folder is gone when it ends."""
+    import tempfile
+
+    spools = tmp_path / "tmp"
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))
+    export(run.path, tmp_path / "out", "parquet", 2)
+    assert list(spools.iterdir()) == []
+    (tmp_path / "out" / "TokensStaged.parquet").unlink()
+    (tmp_path / "out" / "TokensStaged.parquet").mkdir()  # a table that cannot be written
+    result = cli("export", run.path, "-o", str(tmp_path / "out"), "--jobs", "2")
+    assert result.exit_code != 0
+    assert list(spools.iterdir()) == []
