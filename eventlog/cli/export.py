@@ -20,6 +20,7 @@ import json
 import operator
 import os
 import tempfile
+import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple, Protocol, cast
@@ -782,15 +783,19 @@ class _ChunkDecoder:
 
 def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
     """The field columns of one event type's rows: each field of every event at once, as
-    builtins (msgspec.to_builtins of the column); nested values as JSON text; a field an
-    event of an omit_defaults type leaves out, null (as its fields' JSON has it)."""
-    columns: Columns = {}
+    builtins (msgspec.to_builtins of the column); nested values as JSON text. A type whose
+    events are not `_direct`: from each event's builtins, where a field left out (a default
+    omitted, UNSET) is null, as its fields' JSON has it."""
+    fields = event_columns(cls)
     rows: Sequence[Any] = events
-    pick: Callable[[str], Callable[[Any], Any]] = operator.attrgetter
-    if cls.__struct_config__.omit_defaults:  # a field left out holding its default: null
-        rows, pick = list(map(_fields, events)), functools.partial(operator.methodcaller, "get")
-    for field, column, kind, _ in event_columns(cls):
-        values = msgspec.to_builtins(list(map(pick(field), rows)))
+    getters: list[Callable[[Any], Any]] = [operator.attrgetter(f) for f, _, _, _ in fields]
+    if not _direct(cls):
+        names = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
+        rows = list(map(_fields, events))
+        getters = [operator.methodcaller("get", names[f]) for f, _, _, _ in fields]
+    columns: Columns = {}
+    for (_, column, kind, _), get in zip(fields, getters, strict=True):
+        values = msgspec.to_builtins(list(map(get, rows)))
         columns[column] = json_texts(values) if kind == "json" else values
     return columns
 
@@ -798,17 +803,58 @@ def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
 def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
     """Each event's fields as `json_text` of its builtins (sorted keys, no tag), encoded
     straight from the structs: msgspec sorts a struct's tag among its fields, so each
-    event's text holds its tag entry once, cut from all of them in one pass. Only where
-    every field is encoded (a type that leaves defaults out moves its tag), the entry
-    occurs once per event (no nested value holds it) and the text is ASCII (json_text
-    escapes the rest as json.dumps does); else event by event."""
-    if cls.__struct_config__.omit_defaults:
+    event's text holds its tag entry once, cut from all of them in one pass. Only for a
+    `_direct` type, where the entry occurs once per event (no nested value holds it) and the
+    text is ASCII (json_text escapes the rest as json.dumps does); else event by event."""
+    if not events:
+        return []
+    if not _direct(cls):
         return [json_text(_fields(event)) for event in events]
     entry, cut = _tag_entry(cls)
     joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
     if joined.count(entry) == len(events) and joined.isascii():
         return list(joined.replace(entry, cut).decode("ascii").split("\n"))
     return [json_text(_fields(event)) for event in events]
+
+
+@functools.cache
+def _direct(cls: type[Event]) -> bool:
+    """Whether a type's events encode as their builtins do, each field by name and every
+    field always there: not array_like; no default left out (omit_defaults) and no field
+    that may be UNSET (either moves the tag entry); no set anywhere (encoded, msgspec sorts
+    it; its builtins keep its order)."""
+    config = cls.__struct_config__
+    if config.omit_defaults or config.array_like:
+        return False
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a name its module cannot resolve now: take the safe way
+        return False
+    if any(_mentions(hints[name], msgspec.UnsetType) for name in cls.__struct_fields__):
+        return False
+    return not _holds_set(msgspec.inspect.type_info(cls), set())
+
+
+def _mentions(hint: Any, wanted: type) -> bool:
+    return hint is wanted or any(_mentions(arg, wanted) for arg in typing.get_args(hint))
+
+
+def _holds_set(info: msgspec.inspect.Type, seen: set[type]) -> bool:
+    """Whether a type's values may hold a set or frozenset, at any depth."""
+    inspect = msgspec.inspect
+    if isinstance(info, inspect.SetType | inspect.FrozenSetType):
+        return True
+    if isinstance(
+        info,
+        inspect.StructType | inspect.DataclassType | inspect.TypedDictType | inspect.NamedTupleType,
+    ):
+        if info.cls in seen:  # a recursive type: looked at already
+            return False
+        seen.add(info.cls)
+        return any(_holds_set(f.type, seen) for f in info.fields)
+    inner = [getattr(info, name, None) for name in ("item_type", "key_type", "value_type", "type")]
+    inner += [*getattr(info, "types", ()), *getattr(info, "item_types", ())]
+    return any(_holds_set(t, seen) for t in inner if isinstance(t, inspect.Type))
 
 
 @functools.cache
@@ -827,7 +873,9 @@ def _tag_entry(cls: type[Event]) -> tuple[bytes, bytes]:
 
 
 def _fields(event: Event) -> Any:
-    """An event's fields as builtins, without its tag."""
+    """An event's fields as builtins, without its tag (by name, for an array_like type too)."""
     found = msgspec.to_builtins(event)
+    if event.__struct_config__.array_like:  # [tag, field values in order...]
+        return dict(zip(event.__struct_encode_fields__, found[1:], strict=False))
     del found[event.__struct_config__.tag_field]
     return found

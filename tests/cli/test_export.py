@@ -4,6 +4,7 @@ readers (pyarrow's Parquet reader, the csv and json modules)."""
 from __future__ import annotations
 
 import csv
+import enum
 import gc
 import json
 import uuid
@@ -242,6 +243,37 @@ class _First(Event, frozen=True, kw_only=True):
     value: int = 0
 
 
+class _Perm(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+
+
+class _Granted(Event, frozen=True, kw_only=True):
+    """Sets: encoded straight, msgspec sorts them (and cannot sort these); builtins keep
+    their order."""
+
+    perms: frozenset[_Perm]
+    tags: frozenset[str] = frozenset()
+
+
+class _Patched(Event, frozen=True, kw_only=True):
+    """A field that may be UNSET: left out of the encoded event, moving the tag entry."""
+
+    a: str | msgspec.UnsetType = msgspec.UNSET
+    z: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class _Packed(Event, frozen=True, kw_only=True, array_like=True):
+    """An event encoded as an array: its fields by name, in field order."""
+
+    m: dict[str, Any]
+    n: int = 0
+
+
+class _Renamed(Event, frozen=True, kw_only=True, omit_defaults=True):
+    x: int = msgspec.field(default=0, name="X")
+
+
 class _Thin(Event, frozen=True, kw_only=True, omit_defaults=True):
     """A field left out when it holds its default: the tag entry moves to the front."""
 
@@ -251,26 +283,41 @@ class _Thin(Event, frozen=True, kw_only=True, omit_defaults=True):
 
 
 def _reference(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]:
-    """The `data` texts and typed columns of each event alone, from its builtins."""
+    """The `data` texts and typed columns of each event alone, from its builtins (by each
+    field's encoded name; an array_like event's values named in field order)."""
     from eventlog.cli.export import event_columns, json_text
 
+    if not events:
+        return [], {}
+    cls = type(events[0])
     fields = [msgspec.to_builtins(e) for e in events]
-    for d in fields:
-        del d["type"]
+    if cls.__struct_config__.array_like:
+        fields = [dict(zip(cls.__struct_encode_fields__, d[1:], strict=False)) for d in fields]
+    else:
+        for d in fields:
+            del d["type"]
+    name = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
     columns = {
         column: [
-            None if d.get(field) is None else json_text(d[field]) if kind == "json" else d[field]
+            None
+            if d.get(name[field]) is None
+            else json_text(d[name[field]])
+            if kind == "json"
+            else d[name[field]]
             for d in fields
         ]
-        for field, column, kind, _ in event_columns(type(events[0]))
+        for field, column, kind, _ in event_columns(cls)
     }
     return [json_text(d) for d in fields], columns
 
 
-def _built(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]:
+def _built(
+    events: list[Event], cls: type[Event] | None = None
+) -> tuple[list[str | None], dict[str, list[Any]]]:
     from eventlog.cli.export import data_texts, typed_columns
 
-    return data_texts(type(events[0]), events), typed_columns(type(events[0]), events)
+    cls = cls or type(events[0])
+    return data_texts(cls, events), (typed_columns(cls, events) if events else {})
 
 
 @pytest.mark.parametrize(
@@ -288,6 +335,10 @@ def _built(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]
         [_Thin(), _Thin(alpha=1), _Thin(zeta="z"), _Thin(alpha=2, zeta="y")],
         # as many entries as events: the first's leads its text, the second's is nested
         [_Thin(zeta="z"), _Thin(alpha=1, extra={"a": 1, "type": "_Thin", "z": 2})],
+        [_Granted(perms=frozenset(_Perm), tags=frozenset("badc"))],
+        [_Patched(), _Patched(a="x", z={"b": 1, "type": "_Patched"})],
+        [_Packed(m={"q": 1, "type": "_Packed"}, n=2)],
+        [_Renamed(x=5), _Renamed()],
     ],
     ids=[
         "nested, non-ascii",
@@ -297,6 +348,10 @@ def _built(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]
         "tag nested",
         "left out",
         "left out, one nested",
+        "sets",
+        "unset",
+        "array-like",
+        "renamed, left out",
     ],
 )
 def test_tables_hold_each_events_own_fields_as_its_builtins_give_them(
@@ -307,6 +362,7 @@ def test_tables_hold_each_events_own_fields_as_its_builtins_give_them(
     moves it; non-ASCII text escaped as before), nested values as JSON text, null as null."""
     assert _built(events) == _reference(events)
     assert _built(events[:1]) == _reference(events[:1])
+    assert _built([], type(events[0])) == ([], {})
 
 
 @pytest.mark.parametrize(
