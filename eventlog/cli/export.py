@@ -657,11 +657,15 @@ def _write_chunks(
 
 def spooled(chunk: Chunk, form: Format, folder: Path) -> Chunk:
     """A worker's chunk with its parts written to a file in `folder`, where its format
-    spools (else as it is)."""
+    spools (else, or when the file cannot be written, as it is)."""
     if not chunk.rows:
         return chunk
     path = folder / f"chunk-{chunk.last_seq}"
-    ends = form.spool([chunk.records, *(t.part for t in chunk.typed)], path)
+    try:
+        ends = form.spool([chunk.records, *(t.part for t in chunk.typed)], path)
+    except OSError:  # the temporary folder is full or gone: the chunk travels pickled
+        path.unlink(missing_ok=True)
+        return chunk
     if ends is None:
         return chunk
     typed = [t._replace(part=None) for t in chunk.typed]

@@ -450,3 +450,14 @@ def test_an_export_by_workers_leaves_no_spooled_chunk_behind(
     result = cli("export", run.path, "-o", str(tmp_path / "out"), "--jobs", "2")
     assert result.exit_code != 0
     assert list(spools.iterdir()) == []
+
+
+def test_a_chunk_that_cannot_be_spooled_travels_as_it_is(run: AuditedRun, tmp_path: Path) -> None:
+    """Spooling only saves copies: a spool folder that is gone (or full) costs nothing."""
+    from eventlog.cli import export as module
+
+    log = run.h.log
+    builder = module._builder(log, "parquet", log.head(), None)
+    built = module._build_range((log, builder, tmp_path / "gone"), (1, log.head()))
+    assert built.spool is None and built.records is not None
+    assert built.records.num_rows == log.head()
