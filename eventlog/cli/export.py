@@ -322,12 +322,15 @@ class _Parquet:
         return ends
 
     def unspool(self, path: Path, ends: list[int]) -> list[Any]:
-        data = self.pa.py_buffer(path.read_bytes())
-        starts = [0, *ends[:-1]]
-        return [
-            self.pa.ipc.open_stream(data.slice(start, end - start)).read_all()
-            for start, end in zip(starts, ends, strict=True)
-        ]
+        # Read into buffers of each table's own (not views of one buffer of the file): a
+        # rare type's rows wait in its table for later chunks, and would keep the whole
+        # chunk alive meanwhile.
+        tables = []
+        with self.pa.OSFile(str(path)) as file:
+            for start in [0, *ends[:-1]]:
+                file.seek(start)
+                tables.append(self.pa.ipc.open_stream(file).read_all())
+        return tables
 
     def join(self, parts: list[Any]) -> Any:
         return parts[0] if len(parts) == 1 else self.pa.concat_tables(parts)

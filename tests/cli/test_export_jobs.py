@@ -416,6 +416,8 @@ def test_a_workers_parquet_chunk_crosses_as_a_file_read_back_and_removed(
     assert len(pickle.dumps(spooled)) < 4096 < len(pickle.dumps(built))
     back = module.unspooled(spooled, builder.form)
     assert back.records.equals(built.records)
+    for part in [back.records, *(t.part for t in back.typed)]:  # each holds its own memory
+        assert max(map(_root_size, _buffers(part))) <= part.nbytes + 4096
     assert [t.part for t in back.typed] == [t.part for t in built.typed]
     assert [(t.name, t.rows) for t in back.typed] == [(t.name, t.rows) for t in built.typed]
     assert list(folder.iterdir()) == []
@@ -461,3 +463,20 @@ def test_a_chunk_that_cannot_be_spooled_travels_as_it_is(run: AuditedRun, tmp_pa
     built = module._build_range((log, builder, tmp_path / "gone"), (1, log.head()))
     assert built.spool is None and built.records is not None
     assert built.records.num_rows == log.head()
+
+
+def _buffers(table: Any) -> list[Any]:
+    return [
+        buffer
+        for column in table.columns
+        for chunk in column.chunks
+        for buffer in chunk.buffers()
+        if buffer is not None
+    ]
+
+
+def _root_size(buffer: Any) -> int:
+    """The size of the allocation a buffer is a view of."""
+    while buffer.parent is not None:
+        buffer = buffer.parent
+    return int(buffer.size)
