@@ -19,6 +19,7 @@ import itertools
 import json
 import operator
 import os
+import shutil
 import tempfile
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -42,7 +43,7 @@ from eventlog.cli.targets import (
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import Mark, raw_data
 from eventlog.cli.workers import Workers, jobs_for, jobs_option, portable_vocabulary
-from eventlog.errors import SchemaError
+from eventlog.errors import EventLogError, SchemaError
 from eventlog.events import Event, event_types
 from eventlog.log import EventLog
 from eventlog.store.base import RecordRow
@@ -591,11 +592,14 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         with contextlib.ExitStack() as stack:
             chunks: Iterator[Chunk]
             if jobs > 1 and vocabulary is not None:
-                spool = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eventlog-")))
+                spool = _spool_folder(stack) if fmt == "parquet" else None
                 setup = functools.partial(
                     _setup_worker, run_target(target), fmt, head, marker, spool
                 )
-                workers = stack.enter_context(Workers(jobs, vocabulary, setup, _build_range))
+                gone = None if spool is None else functools.partial(_remove, spool)
+                workers = stack.enter_context(
+                    Workers(jobs, vocabulary, setup, _build_range, orphaned=gone)
+                )
                 chunks = workers.map(ranges)
             else:
                 here: _State = (log, _builder(log, fmt, head, marker), None)
@@ -658,6 +662,22 @@ def _write_chunks(
     return pids
 
 
+def _spool_folder(stack: contextlib.ExitStack) -> Path | None:
+    """A temporary folder for the workers' chunks, removed when the command ends (and by
+    the workers, should the command be killed); None where none can be made: the chunks
+    then travel pickled."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="eventlog-export-"))
+    except OSError:
+        return None
+    stack.callback(_remove, folder)
+    return folder
+
+
+def _remove(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def spooled(chunk: Chunk, form: Format, folder: Path) -> Chunk:
     """A worker's chunk with its parts written to a file in `folder`, where its format
     spools (else, or when the file cannot be written, as it is)."""
@@ -666,8 +686,9 @@ def spooled(chunk: Chunk, form: Format, folder: Path) -> Chunk:
     path = folder / f"chunk-{chunk.last_seq}"
     try:
         ends = form.spool([chunk.records, *(t.part for t in chunk.typed)], path)
-    except OSError:  # the temporary folder is full or gone: the chunk travels pickled
-        path.unlink(missing_ok=True)
+    except OSError:  # the temporary folder is full, gone or read-only: it travels pickled
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         return chunk
     if ends is None:
         return chunk
@@ -681,8 +702,15 @@ def unspooled(chunk: Chunk, form: Format) -> Chunk:
     path = Path(chunk.spool)
     try:
         records, *parts = form.unspool(path, chunk.ends)
+    except (OSError, ValueError) as exc:  # gone or damaged (pyarrow's errors are ValueErrors)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise EventLogError(
+            f"{path}: cannot read back a chunk a worker process wrote there: {reason}",
+            hint="rerun with --jobs 1",
+        ) from exc
     finally:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
     typed = [t._replace(part=part) for t, part in zip(chunk.typed, parts, strict=True)]
     return chunk._replace(records=records, typed=typed, spool=None, ends=None)
 
@@ -702,9 +730,11 @@ _State = tuple[EventLog, ChunkBuilder, Path | None]
 """What builds chunks: the log, a builder, and the folder a worker spools its chunks to."""
 
 
-def _setup_worker(target: str, fmt: str, head: int, marker: Marker | None, spool: Path) -> _State:
+def _setup_worker(
+    target: str, fmt: str, head: int, marker: Marker | None, spool: Path | None
+) -> _State:
     """In a worker process: its own read-only connection to the log, its builder, and the
-    command's spool folder."""
+    command's spool folder (None: its chunks travel pickled)."""
     log = open_log(target)
     return log, _builder(log, fmt, head, marker), spool
 

@@ -12,6 +12,7 @@ it would have without workers.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -144,7 +145,12 @@ _setup_error: Carried | None = None
 _state: Any = None
 
 
-def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], Any]) -> None:
+def _start(
+    modules: list[str],
+    vocabulary: dict[str, str],
+    setup: Callable[[], Any],
+    orphaned: Callable[[], object] | None = None,
+) -> None:
     """A worker's initializer: imports the modules of the command's vocabulary, registers
     what importing them did not, then checks that nothing more came with the imports.
     Never raises (a failed initializer breaks the whole pool without saying why): every
@@ -153,7 +159,9 @@ def _start(modules: list[str], vocabulary: dict[str, str], setup: Callable[[], A
     # Ctrl-C reaches the whole process group: the command's process stops the pool, so a
     # worker would only print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, name="eventlog-worker-parent", daemon=True).start()
+    threading.Thread(
+        target=_exit_with_parent, args=(orphaned,), name="eventlog-worker-parent", daemon=True
+    ).start()
     try:
         for module in modules:
             importlib.import_module(module)
@@ -190,12 +198,16 @@ def _register(vocabulary: dict[str, str]) -> None:
             codec.register_upcaster(name, int(schema))(found)
 
 
-def _exit_with_parent() -> None:
+def _exit_with_parent(orphaned: Callable[[], object] | None = None) -> None:
     """A worker whose command was killed (a timeout, the OOM killer) ends too: nothing
-    would take what it builds, and it holds the log open."""
+    would take what it builds, and it holds the log open. What the command would have
+    cleaned up on its way out, `orphaned()` does (every worker, its last act)."""
     parent = multiprocessing.parent_process()
     if parent is not None:
         multiprocessing.connection.wait([parent.sentinel])
+        if orphaned is not None:
+            with contextlib.suppress(Exception):
+                orphaned()
         os._exit(1)
 
 
@@ -217,7 +229,8 @@ def _pool_failed(exc: BaseException) -> EventLogError:
 
 class Workers(Generic[T]):
     """`jobs` worker processes, each set up once by `setup()` (picklable; run in the
-    worker), then mapping `fn(state, arg)` over arguments in order."""
+    worker), then mapping `fn(state, arg)` over arguments in order; `orphaned()` (picklable)
+    runs in a worker whose command died."""
 
     def __init__(
         self,
@@ -225,6 +238,7 @@ class Workers(Generic[T]):
         vocabulary: dict[str, str],
         setup: Callable[[], Any],
         fn: Callable[[Any, Any], T],
+        orphaned: Callable[[], object] | None = None,
     ) -> None:
         modules = sorted({value.partition(":")[0] for value in vocabulary.values()})
         self.fn = fn
@@ -234,7 +248,7 @@ class Workers(Generic[T]):
                 max_workers=jobs,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start,
-                initargs=(modules, vocabulary, setup),
+                initargs=(modules, vocabulary, setup, orphaned),
             )
         except OSError as exc:
             raise _pool_failed(exc) from exc

@@ -254,9 +254,13 @@ def test_a_worker_leaves_ctrl_c_to_the_command() -> None:
 
 def test_a_worker_ends_when_its_command_is_killed(tmp_path: Path) -> None:
     """A command killed outright (a timeout, the OOM killer) leaves no worker holding the
-    log: each one watches its parent and ends with it."""
+    log: each one watches its parent and ends with it, removing what the command would
+    have removed on its way out (export's spooled chunks)."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "chunk-10").write_bytes(b"tables")
     command = subprocess.Popen(
-        [sys.executable, "-m", "tests.cli.worker_functions", "60"],
+        [sys.executable, "-m", "tests.cli.worker_functions", "60", str(spool)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[2],
@@ -272,6 +276,7 @@ def test_a_worker_ends_when_its_command_is_killed(tmp_path: Path) -> None:
         while _running(worker) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _running(worker)
+        assert not spool.exists()
     finally:
         command.kill()
         command.wait()
@@ -480,3 +485,50 @@ def _root_size(buffer: Any) -> int:
     while buffer.parent is not None:
         buffer = buffer.parent
     return int(buffer.size)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_export_by_workers_needs_no_temporary_folder(
+    run: AuditedRun,
+    tmp_path: Path,
+    small_chunks: None,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+) -> None:
+    """Where no temporary folder can be made, the workers' chunks travel pickled: the same
+    tables, and nothing about it said (a text format never asks for one)."""
+    import tempfile
+
+    def no_folder(*args: Any, **kwargs: Any) -> str:
+        raise OSError(30, "Read-only file system")
+
+    alone = export(run.path, tmp_path / "one", fmt, 1)
+    monkeypatch.setattr(tempfile, "mkdtemp", no_folder)
+    shared = export(run.path, tmp_path / "two", fmt, 2)
+
+    def counts(summary: str) -> list[str]:
+        return [line.split(" -> ")[0] for line in summary.splitlines() if " -> " in line]
+
+    assert counts(alone) == counts(shared)
+    for table in (tmp_path / "one").iterdir():
+        assert (tmp_path / "two" / table.name).read_bytes() == table.read_bytes(), table.name
+
+
+def test_a_spooled_chunk_that_cannot_be_read_back_is_an_error_naming_its_file(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    """Not the output folder's fault: the error names the spooled file (and the file goes)."""
+    from eventlog.cli import export as module
+
+    log = run.h.log
+    builder = module._builder(log, "parquet", log.head(), None)
+    for damage in ("overwritten", "removed"):
+        spooled = module._build_range((log, builder, tmp_path), (1, log.head()))
+        assert spooled.spool is not None
+        if damage == "overwritten":
+            Path(spooled.spool).write_bytes(b"not arrow")
+        else:
+            Path(spooled.spool).unlink()
+        with pytest.raises(EventLogError, match=re.escape(spooled.spool)):
+            module.unspooled(spooled, builder.form)
+        assert not Path(spooled.spool).exists()

@@ -39,12 +39,18 @@ def pid_after(state: None, seconds: float) -> int:
 
 def main() -> None:
     """A command that starts a worker and waits on it: it prints the worker's pid, then is
-    killed by the test (argv[1]: the seconds the worker's task lasts)."""
+    killed by the test (argv[1]: the seconds the worker's task lasts; argv[2], if given: a
+    folder the worker removes when orphaned, as export's spool folder)."""
+    import functools
+    from pathlib import Path
+
+    from eventlog.cli.export import _remove
     from eventlog.cli.workers import Workers, portable_vocabulary
 
     vocabulary = portable_vocabulary()
     assert vocabulary is not None
-    with Workers(1, vocabulary, nothing, pid_after) as pool:
+    orphaned = functools.partial(_remove, Path(sys.argv[2])) if len(sys.argv) > 2 else None
+    with Workers(1, vocabulary, nothing, pid_after, orphaned=orphaned) as pool:
         found = pool.map([0.0, float(sys.argv[1])])
         print(next(found), flush=True)
         next(found)
