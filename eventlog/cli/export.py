@@ -692,8 +692,8 @@ def spooled(chunk: Chunk, form: Format, folder: Path) -> Chunk:
         return chunk
     if ends is None:
         return chunk
-    typed = [t._replace(part=None) for t in chunk.typed]
-    return chunk._replace(records=None, typed=typed, spool=str(path), ends=ends)
+    typed = [TypedPart(t.name, t.cls, None, t.rows) for t in chunk.typed]
+    return Chunk(chunk.last_seq, chunk.rows, None, typed, chunk.pid, str(path), ends)
 
 
 def unspooled(chunk: Chunk, form: Format) -> Chunk:
@@ -711,8 +711,10 @@ def unspooled(chunk: Chunk, form: Format) -> Chunk:
     finally:
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
-    typed = [t._replace(part=part) for t, part in zip(chunk.typed, parts, strict=True)]
-    return chunk._replace(records=records, typed=typed, spool=None, ends=None)
+    typed = [
+        TypedPart(t.name, t.cls, part, t.rows) for t, part in zip(chunk.typed, parts, strict=True)
+    ]
+    return Chunk(chunk.last_seq, chunk.rows, records, typed, chunk.pid)
 
 
 def _read(log: EventLog, low: int, high: int) -> list[RecordRow]:
