@@ -213,7 +213,7 @@ class _Rows:
         raise AssertionError("text parts are never spooled")
 
     def convert(self, columns: Columns) -> Columns:
-        return dict(columns)
+        return columns
 
     def pick(self, columns: Columns, at: list[int]) -> Columns:
         pick = _picker(at)
@@ -845,14 +845,11 @@ def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
     event's text holds its tag entry once, cut from all of them in one pass. Only for a
     `_direct` type, where the entry occurs once per event (no nested value holds it) and the
     text is ASCII (json_text escapes the rest as json.dumps does); else event by event."""
-    if not events:
-        return []
-    if not _direct(cls):
-        return [json_text(_fields(event)) for event in events]
-    entry, cut = _tag_entry(cls)
-    joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
-    if joined.count(entry) == len(events) and joined.isascii():
-        return list(joined.replace(entry, cut).decode("ascii").split("\n"))
+    if events and _direct(cls):
+        entry, cut = _tag_entry(cls)
+        joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
+        if joined.count(entry) == len(events) and joined.isascii():
+            return list(joined.replace(entry, cut).decode("ascii").split("\n"))
     return [json_text(_fields(event)) for event in events]
 
 

@@ -478,17 +478,20 @@ class RecoveryLedger:
         with _rules():
             return state.group(group_id)
 
+    def _knows(self, stream: str) -> bool:
+        """Whether the ledger holds a stream's version (or knows it has none)."""
+        return stream in self._versions or stream in self._absent
+
     def _expected(self, stream: str) -> ExpectedVersion:
-        version = self._versions.get(stream)
-        if version is None and stream not in self._absent:
+        if not self._knows(stream):
             self._learn(stream, self.log.stream_version(stream), self._era)
-            version = self._versions.get(stream)
+        version = self._versions.get(stream)
         return NO_STREAM if version is None else version
 
     async def _expected_async(self, stream: str) -> ExpectedVersion:
         """`_expected` with its read (a stream's first) in a thread: a log read on the loop
         (a server round trip on PostgreSQL) stalled every task on it."""
-        if stream not in self._versions and stream not in self._absent:
+        if not self._knows(stream):
             era = self._era
             version = await asyncio.to_thread(self.log.stream_version, stream)
             self._learn(stream, version, era)
@@ -498,7 +501,7 @@ class RecoveryLedger:
         """Read the version of a stream the ledger does not hold (a group that left it, named
         by a late result) as a blocking step: the asyncio form reads it in a thread, as
         `_expected_async` does, not on the loop."""
-        if stream in self._versions or stream in self._absent:
+        if self._knows(stream):
             return
         era = self._era
         found: list[int | None] = []
@@ -509,7 +512,7 @@ class RecoveryLedger:
         """What a read found, unless an append of ours landed on the stream meanwhile, or
         the ledger started over from the log (a restore) or dropped versions (a checkpoint)
         since the read began (`era`)."""
-        if stream in self._versions or stream in self._absent:
+        if self._knows(stream):
             return
         if era != self._era:
             return

@@ -256,6 +256,12 @@ class _Granted(Event, frozen=True, kw_only=True):
     tags: frozenset[str] = frozenset()
 
 
+class _NestedSets(Event, frozen=True, kw_only=True):
+    """Sets inside a container of a field: found at any depth."""
+
+    groups: list[frozenset[_Perm]] | None = None
+
+
 class _Patched(Event, frozen=True, kw_only=True):
     """A field that may be UNSET: left out of the encoded event, moving the tag entry."""
 
@@ -336,6 +342,7 @@ def _built(
         # as many entries as events: the first's leads its text, the second's is nested
         [_Thin(zeta="z"), _Thin(alpha=1, extra={"a": 1, "type": "_Thin", "z": 2})],
         [_Granted(perms=frozenset(_Perm), tags=frozenset("badc"))],
+        [_NestedSets(groups=[frozenset(_Perm)]), _NestedSets()],
         [_Patched(), _Patched(a="x", z={"b": 1, "type": "_Patched"})],
         [_Packed(m={"q": 1, "type": "_Packed"}, n=2)],
         [_Renamed(x=5), _Renamed()],
@@ -349,6 +356,7 @@ def _built(
         "left out",
         "left out, one nested",
         "sets",
+        "sets nested",
         "unset",
         "array-like",
         "renamed, left out",
