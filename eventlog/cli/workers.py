@@ -159,6 +159,7 @@ def _start(
     # Ctrl-C reaches the whole process group: the command's process stops the pool, so a
     # worker would only print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held since its start
     threading.Thread(
         target=_exit_with_parent, args=(orphaned,), name="eventlog-worker-parent", daemon=True
     ).start()
@@ -220,6 +221,17 @@ def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
         return Carried(exc)
 
 
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """SIGINT blocked in this thread meanwhile; delivered to the process's other threads,
+    the command still stops at once."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _pool_failed(exc: BaseException) -> EventLogError:
     return EventLogError(
         f"worker processes failed to start or stopped before their chunks were done ({exc})",
@@ -275,9 +287,12 @@ class Workers(Generic[T]):
                 break
 
     def _submit(self, arg: Any) -> concurrent.futures.Future[T | Carried]:
-        """Submitting starts a worker when one is missing: that may fail too."""
+        """Submitting starts a worker when one is missing: that may fail too. A worker
+        starts with Ctrl-C held (it inherits this thread's signal mask) until its
+        initializer ignores it: one that came while it imported was a traceback of its own."""
         try:
-            return self._pool.submit(_task, self.fn, arg)
+            with _ctrl_c_held():
+                return self._pool.submit(_task, self.fn, arg)
         except (concurrent.futures.process.BrokenProcessPool, OSError) as exc:
             raise _pool_failed(exc) from exc
 

@@ -252,6 +252,26 @@ def test_a_worker_leaves_ctrl_c_to_the_command() -> None:
         assert list(pool.map([5, 6])) == [5, 6]
 
 
+def test_a_worker_leaves_ctrl_c_to_the_command_while_it_starts_too() -> None:
+    """A worker holds Ctrl-C from its start until its initializer ignores it: one that came
+    while it imported was a traceback on the terminal and a broken pool. Started, it holds
+    Ctrl-C no more (it ignores it)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tests.cli.worker_functions import interrupt_a_starting_worker as run; run()",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr
+    assert "KeyboardInterrupt" not in done.stderr
+    assert (done.returncode, done.stdout) == (0, "False\n"), done.stderr
+
+
 def test_a_worker_ends_when_its_command_is_killed(tmp_path: Path) -> None:
     """A command killed outright (a timeout, the OOM killer) leaves no worker holding the
     log: each one watches its parent and ends with it, removing what the command would

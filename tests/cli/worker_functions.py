@@ -31,10 +31,44 @@ def interrupt_self(state: None, n: int) -> int:
     return n
 
 
+def ctrl_c_held(state: None, arg: None) -> bool:
+    """Whether this worker's thread blocks SIGINT."""
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
 def pid_after(state: None, seconds: float) -> int:
     """This worker's pid, after a while."""
     time.sleep(seconds)
     return os.getpid()
+
+
+def interrupt_a_starting_worker() -> None:
+    """A command whose worker gets Ctrl-C while it starts (after its exec, before its
+    initializer runs); the command ignores it and prints whether the worker, once started,
+    holds Ctrl-C still."""
+    import threading
+
+    from eventlog.cli.workers import Workers, portable_vocabulary
+
+    signal.signal(signal.SIGINT, lambda *_: None)
+    vocabulary = portable_vocabulary()
+    assert vocabulary is not None
+    threading.Thread(target=_interrupt_first_worker, args=(os.getpid(),), daemon=True).start()
+    with Workers(1, vocabulary, nothing, ctrl_c_held) as pool:
+        print(next(pool.map([None])), flush=True)
+
+
+def _interrupt_first_worker(parent: int) -> None:
+    """SIGINT the first child of `parent` that runs a worker's interpreter (by its pid)."""
+    while True:
+        for task in os.listdir(f"/proc/{parent}/task"):
+            with open(f"/proc/{parent}/task/{task}/children") as children:
+                for pid in children.read().split():
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        if b"spawn_main" in cmdline.read():
+                            os.kill(int(pid), signal.SIGINT)
+                            return
+        time.sleep(0.001)
 
 
 def main() -> None:
