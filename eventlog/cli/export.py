@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import dataclasses
 import functools
 import io
 import itertools
@@ -868,7 +869,39 @@ def _direct(cls: type[Event]) -> bool:
         return False
     if any(_mentions(hints[name], msgspec.UnsetType) for name in cls.__struct_fields__):
         return False
-    return not _holds_set(msgspec.inspect.type_info(cls), set())
+    return not _has_sets(cls)
+
+
+@functools.cache
+def _has_sets(cls: type[Event]) -> bool:
+    return _holds_set(msgspec.inspect.type_info(cls), set())
+
+
+def _sets_in_order(value: Any, built: Any) -> Any:
+    """`built` (the builtins of `value`) with each set's items in the order of their JSON
+    text: the builtins of a set keep its iteration order, which for text hangs on each
+    process's hash seed, so two runs, or two workers, wrote one set two ways."""
+    if isinstance(value, set | frozenset):
+        return sorted(map(_sets_in_order, value, built), key=_json.encode)
+    if isinstance(value, list | tuple):
+        return list(map(_sets_in_order, value, built))
+    if isinstance(value, dict):
+        return dict(zip(built, map(_sets_in_order, value.values(), built.values()), strict=True))
+    if isinstance(value, msgspec.Struct):
+        config, names = value.__struct_config__, value.__struct_fields__
+        if config.array_like:  # [tag if tagged, field values in order (trailing defaults cut)]
+            start = int(config.tag_field is not None)
+            kept = zip(names, built[start:], strict=False)
+            inner = [_sets_in_order(getattr(value, n), b) for n, b in kept]
+            return built[:start] + inner
+        encoded = zip(names, value.__struct_encode_fields__, strict=True)
+        return built | {
+            k: _sets_in_order(getattr(value, n), built[k]) for n, k in encoded if k in built
+        }
+    if dataclasses.is_dataclass(value):
+        fields = [f.name for f in dataclasses.fields(value) if f.name in built]
+        return built | {n: _sets_in_order(getattr(value, n), built[n]) for n in fields}
+    return built
 
 
 def _mentions(hint: Any, wanted: type) -> bool:
@@ -909,8 +942,11 @@ def _tag_entry(cls: type[Event]) -> tuple[bytes, bytes]:
 
 
 def _fields(event: Event) -> Any:
-    """An event's fields as builtins, without its tag (by name, for an array_like type too)."""
+    """An event's fields as builtins, without its tag (by name, for an array_like type too),
+    each set's items in one order whatever the process."""
     found = msgspec.to_builtins(event)
+    if _has_sets(type(event)):
+        found = _sets_in_order(event, found)
     if event.__struct_config__.array_like:  # [tag, field values in order...]
         return dict(zip(event.__struct_encode_fields__, found[1:], strict=False))
     del found[event.__struct_config__.tag_field]

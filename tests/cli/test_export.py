@@ -4,6 +4,7 @@ readers (pyarrow's Parquet reader, the csv and json modules)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import enum
 import gc
 import json
@@ -256,10 +257,17 @@ class _Granted(Event, frozen=True, kw_only=True):
     tags: frozenset[str] = frozenset()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tagging:
+    tags: frozenset[str]
+
+
 class _NestedSets(Event, frozen=True, kw_only=True):
-    """Sets inside a container of a field: found at any depth."""
+    """Sets inside a container of a field, or a dataclass: found at any depth."""
 
     groups: list[frozenset[_Perm]] | None = None
+    named: list[frozenset[str]] | None = None
+    tagging: _Tagging | None = None
 
 
 class _Patched(Event, frozen=True, kw_only=True):
@@ -288,15 +296,33 @@ class _Thin(Event, frozen=True, kw_only=True, omit_defaults=True):
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+def _sets_as_sorted_lists(value: Any) -> Any:
+    """`value` with every set a list of its items in the order of their JSON text."""
+    from eventlog.cli.export import json_text
+
+    if isinstance(value, set | frozenset):
+        items = map(_sets_as_sorted_lists, value)
+        return sorted(items, key=lambda item: json_text(msgspec.to_builtins(item)))
+    if isinstance(value, list):
+        return list(map(_sets_as_sorted_lists, value))
+    if isinstance(value, msgspec.Struct):
+        names = value.__struct_fields__
+        return msgspec.structs.replace(
+            value, **{n: _sets_as_sorted_lists(getattr(value, n)) for n in names}
+        )
+    return value
+
+
 def _reference(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]:
     """The `data` texts and typed columns of each event alone, from its builtins (by each
-    field's encoded name; an array_like event's values named in field order)."""
+    field's encoded name; an array_like event's values named in field order; each set's
+    items in the order of their JSON text)."""
     from eventlog.cli.export import event_columns, json_text
 
     if not events:
         return [], {}
     cls = type(events[0])
-    fields = [msgspec.to_builtins(e) for e in events]
+    fields = [msgspec.to_builtins(_sets_as_sorted_lists(e)) for e in events]
     if cls.__struct_config__.array_like:
         fields = [dict(zip(cls.__struct_encode_fields__, d[1:], strict=False)) for d in fields]
     else:
@@ -371,6 +397,34 @@ def test_tables_hold_each_events_own_fields_as_its_builtins_give_them(
     assert _built(events) == _reference(events)
     assert _built(events[:1]) == _reference(events[:1])
     assert _built([], type(events[0])) == ([], {})
+
+
+class _PackedSets(Event, frozen=True, kw_only=True, array_like=True):
+    """Sets in an event encoded as an array, and in a dict's values."""
+
+    by_name: dict[str, frozenset[str]]
+    perms: frozenset[_Perm] = frozenset()
+
+
+def test_a_sets_items_are_exported_in_one_order_whatever_the_process() -> None:
+    """A set's items in the order of their JSON text, at any depth: its builtins kept its
+    iteration order, which for text depends on the process's hash seed, so two runs, or
+    the workers of one, wrote the same set in different orders."""
+    letters = frozenset("zyxwvutsrqponm")
+    in_order = '["m","n","o","p","q","r","s","t","u","v","w","x","y","z"]'
+    granted = _Granted(perms=frozenset(_Perm), tags=letters)
+    assert _built([granted]) == (
+        [f'{{"perms":["read","write"],"tags":{in_order}}}'],
+        {"perms": ['["read","write"]'], "tags": [in_order]},
+    )
+    nested = _NestedSets(named=[letters], tagging=_Tagging(tags=letters))
+    expected = f'{{"groups":null,"named":[{in_order}],"tagging":{{"tags":{in_order}}}}}'
+    assert _built([nested])[0] == [expected]
+    packed = _PackedSets(by_name={"k": letters}, perms=frozenset(_Perm))
+    assert _built([packed]) == (
+        [f'{{"by_name":{{"k":{in_order}}},"perms":["read","write"]}}'],
+        {"by_name": [f'{{"k":{in_order}}}'], "perms": ['["read","write"]']},
+    )
 
 
 @pytest.mark.parametrize(
