@@ -232,6 +232,10 @@ def _ctrl_c_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
+def _ready() -> None:
+    """A task that only has its worker started (`Workers.start`)."""
+
+
 def _pool_failed(exc: BaseException) -> EventLogError:
     return EventLogError(
         f"worker processes failed to start or stopped before their chunks were done ({exc})",
@@ -265,13 +269,19 @@ class Workers(Generic[T]):
         except OSError as exc:
             raise _pool_failed(exc) from exc
 
+    def start(self) -> None:
+        """Start every worker now (each would start at a submit that finds none idle), so
+        that they set up while the command does other work."""
+        for _ in range(self.jobs):
+            self._submit(_ready)
+
     def map(self, args: Iterable[Any]) -> Iterator[T]:
         """`fn` of each argument, in their order. At most IN_FLIGHT per worker are submitted
         and not yet taken: workers run ahead of a slow consumer by that much, no more."""
         pending: deque[concurrent.futures.Future[T | Carried]] = deque()
         remaining = iter(args)
         for arg in remaining:
-            pending.append(self._submit(arg))
+            pending.append(self._submit(_task, self.fn, arg))
             if len(pending) >= IN_FLIGHT * self.jobs:
                 break
         while pending:
@@ -283,16 +293,16 @@ class Workers(Generic[T]):
                 raise found.rebuilt()
             yield found
             for arg in remaining:  # once the consumer took the result: it may fall behind
-                pending.append(self._submit(arg))
+                pending.append(self._submit(_task, self.fn, arg))
                 break
 
-    def _submit(self, arg: Any) -> concurrent.futures.Future[T | Carried]:
+    def _submit(self, *call: Any) -> concurrent.futures.Future[Any]:
         """Submitting starts a worker when one is missing: that may fail too. A worker
         starts with Ctrl-C held (it inherits this thread's signal mask) until its
         initializer ignores it: one that came while it imported was a traceback of its own."""
         try:
             with _ctrl_c_held():
-                return self._pool.submit(_task, self.fn, arg)
+                return self._pool.submit(*call)
         except (concurrent.futures.process.BrokenProcessPool, OSError) as exc:
             raise _pool_failed(exc) from exc
 

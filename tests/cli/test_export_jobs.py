@@ -272,6 +272,25 @@ def test_a_worker_leaves_ctrl_c_to_the_command_while_it_starts_too() -> None:
     assert (done.returncode, done.stdout) == (0, "False\n"), done.stderr
 
 
+def test_started_workers_run_before_any_task_is_asked_for() -> None:
+    """`start` spawns every worker at once (each would start at a submit that found none
+    idle), so that they set up while the command does other work (report's painters)."""
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    with workers.Workers(
+        2, vocabulary, worker_functions.nothing, worker_functions.pid_after
+    ) as pool:
+        pool.start()
+        children = {
+            int(pid)
+            for task in Path("/proc/self/task").iterdir()
+            for pid in (task / "children").read_text().split()
+        }
+        found = set(pool.map([0.05] * 8))
+    assert len(found) == 2
+    assert found <= children
+
+
 def test_a_worker_ends_when_its_command_is_killed(tmp_path: Path) -> None:
     """A command killed outright (a timeout, the OOM killer) leaves no worker holding the
     log: each one watches its parent and ends with it, removing what the command would

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -114,6 +115,100 @@ def test_the_same_log_gives_the_same_page_byte_for_byte(run: AuditedRun, tmp_pat
     assert pages[0].read_bytes() == pages[1].read_bytes()
 
 
+@pytest.fixture
+def painters(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of painters of each pool `report` starts."""
+    return _painters_and_when(monkeypatch)[0]
+
+
+def _painters_and_when(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[str]]:
+    """The painters of each pool `report` starts, and the order of what it does
+    ("pool", "start", "pass")."""
+    from eventlog.cli import workers
+    from eventlog.recovery.cli import report as module
+
+    started: list[int] = []
+    steps: list[str] = []
+
+    class Counted(workers.Workers[Any]):
+        def __init__(self, jobs: int, *args: Any) -> None:
+            started.append(jobs)
+            steps.append("pool")
+            super().__init__(jobs, *args)
+
+        def start(self) -> None:
+            steps.append("start")
+            super().start()
+
+    def gather(*args: Any) -> RunPicture:
+        steps.append("pass")
+        return module_gather(*args)
+
+    module_gather = module.gather
+    monkeypatch.setattr(module, "Workers", Counted)
+    monkeypatch.setattr(module, "gather", gather)
+    return started, steps
+
+
+@pytest.mark.parametrize("jobs", ["2", "3"])
+def test_painters_draw_the_page_one_process_draws_byte_for_byte(
+    run: AuditedRun, tmp_path: Path, painters: list[int], jobs: str
+) -> None:
+    """Plots drawn in other processes (matplotlib set up there as here) make the same page;
+    more than two painters would find nothing to draw."""
+    pages = {n: tmp_path / f"{n}.html" for n in ("1", jobs)}
+    for n, page in pages.items():
+        result = cli("report", run.path, "-o", str(page), "--jobs", n)
+        assert result.exit_code == 0, result.stderr
+    assert painters == [2]
+    assert pages["1"].read_bytes() == pages[jobs].read_bytes()
+
+
+def test_painters_start_before_the_log_is_read(
+    run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They import matplotlib while this process reads the log, not after."""
+    started, steps = _painters_and_when(monkeypatch)
+    result = cli("report", run.path, "-o", str(tmp_path / "r.html"), "--jobs", "2")
+    assert result.exit_code == 0, result.stderr
+    assert (started, steps) == ([2], ["pool", "start", "pass"])
+
+
+def test_event_types_no_painter_can_import_are_drawn_here(
+    run: AuditedRun, tmp_path: Path, painters: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A painter checks it decodes as this process does, as every worker does: where the
+    vocabulary cannot be named for it (a type defined in __main__), none is started."""
+    from eventlog.recovery.cli import report as module
+
+    monkeypatch.setattr(module, "portable_vocabulary", lambda: None)
+    result = cli("report", run.path, "-o", str(tmp_path / "r.html"), "--jobs", "2")
+    assert result.exit_code == 0, result.stderr
+    assert painters == []
+
+
+def test_painters_are_started_for_a_long_log_unless_told_not_to(
+    run: AuditedRun, tmp_path: Path, painters: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Painters cost a second of CPU each to start: from WORTH_PAINTERS records on, where
+    the log's read outlasts that, and never on one CPU."""
+    from eventlog.recovery.cli import report as module
+
+    def report(*args: str) -> None:
+        result = cli("report", run.path, "-o", str(tmp_path / "r.html"), *args)
+        assert result.exit_code == 0, result.stderr
+
+    report()
+    assert painters == []
+    monkeypatch.setattr(module, "WORTH_PAINTERS", 1)
+    report()
+    report("--jobs", "1")
+    assert painters == [2]
+    monkeypatch.setattr(module, "default_jobs", lambda: 1)
+    report()
+    assert painters == [2]
+
+
 def test_report_of_a_log_without_recovery_records_is_a_usage_error(
     tmp_path: Path, log_file: str
 ) -> None:
@@ -124,6 +219,17 @@ def test_report_of_a_log_without_recovery_records_is_a_usage_error(
     assert result.exit_code == 2
     assert result.stderr.splitlines()[0].endswith("no rollout-recovery records to plot")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_report_without_matplotlib_is_a_usage_error_naming_the_extra(
+    run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an import then finds: none
+    result = cli("report", run.path, "-o", str(tmp_path / "r.html"))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0].endswith("report needs matplotlib, which is not installed")
+    assert "eventlog[audit]" in result.stderr
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_report_refuses_to_write_over_the_log(run: AuditedRun) -> None:

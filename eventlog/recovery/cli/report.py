@@ -9,7 +9,9 @@ over the log; the Gantt shows the first groups reserved (a page cannot hold a mi
 
 from __future__ import annotations
 
+import contextlib
 import html
+import importlib.util
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from eventlog.cli.targets import (
     writing_output,
 )
 from eventlog.cli.times import format_ns
+from eventlog.cli.workers import Workers, default_jobs, portable_vocabulary
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog, audit_pass
 from eventlog.recovery.vocabulary import (
@@ -386,6 +389,13 @@ PLOTS = (
     ("staleness", plot_staleness),
     ("append-rate", plot_rate),
 )
+"""The plots of the page, in its order (the costliest first: painters take them in turn)."""
+_PLOT_BY_NAME = dict(PLOTS)
+
+WORTH_PAINTERS = 250_000
+"""Records from which `report` draws in painter processes unless told: they start (about a
+second of CPU each, importing matplotlib) while the log is read; on a shorter read they
+would not be ready when it ends."""
 
 _CHECK = """
 <script>
@@ -427,9 +437,26 @@ table { border-collapse: collapse; } td { padding: 0.15em 1em 0.15em 0; }
 """
 
 
-def render(target: str, pic: RunPicture) -> str:
-    assert pic.stats is not None
+def draw(name: str, pic: RunPicture) -> str:
+    """One plot of PLOTS as SVG text."""
     _painting()
+    return _svg(_PLOT_BY_NAME[name](pic))
+
+
+def _draw_task(state: None, job: tuple[str, RunPicture]) -> str:
+    """`draw`, as a painter's task."""
+    return draw(*job)
+
+
+def _painter_setup() -> None:
+    """A painter imports matplotlib's figure while the command's process reads the log."""
+    import matplotlib.figure  # noqa: F401
+
+
+def render(target: str, pic: RunPicture, drawn: Iterable[str] | None = None) -> str:
+    """The page, with `drawn` (the SVG of each plot of PLOTS, in order) or drawn here."""
+    assert pic.stats is not None
+    svgs = list(drawn) if drawn is not None else [draw(name, pic) for name, _ in PLOTS]
     total = pic.stats.total
     facts = [
         ("log", shown_target(target)),
@@ -446,8 +473,8 @@ def render(target: str, pic: RunPicture) -> str:
     ]
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts)
     figures = [
-        f'<figure class="plot" data-plot="{name}">{_svg(plot(pic))}</figure>'
-        for name, plot in PLOTS
+        f'<figure class="plot" data-plot="{name}">{svg}</figure>'
+        for (name, _), svg in zip(PLOTS, svgs, strict=True)
     ]
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -467,26 +494,50 @@ def render(target: str, pic: RunPicture) -> str:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The HTML file to write.",
 )
-def report_command(target: str, output: Path) -> None:
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Processes that draw the plots, started while this one reads the log (default: "
+    f"this host's CPUs, at most 2, for {WORTH_PAINTERS:,} records or more; 1: all here).",
+)
+def report_command(target: str, output: Path, jobs: int | None) -> None:
     """Write one self-contained HTML page of plots of TARGET's run: group lifecycles (a
     Gantt of attempts per group), retries and failures per step, tokens trained vs thrown
     away, staleness, append rate; restores marked on every time axis. Opens offline.
+    The page is the same whatever --jobs is.
 
     Needs matplotlib (the `audit` extra).
     """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         raise CliUsageError(
             "report needs matplotlib, which is not installed",
             hint="pip install 'eventlog[audit]'",
-        ) from None
+        )
     refuse_writing_onto_log(target, output)
-    with open_log(target) as log:
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open_log(target))
+        painters = _painters(stack, log.head(), jobs)
         pic = gather(log, RunLog(log))
-    if pic.stats is None or not pic.stats.by_agent_task:
-        raise CliUsageError(f"{shown_target(target)}: no rollout-recovery records to plot")
-    page = render(target, pic)
+        if pic.stats is None or not pic.stats.by_agent_task:
+            raise CliUsageError(f"{shown_target(target)}: no rollout-recovery records to plot")
+        drawn = None if painters is None else painters.map([(n, pic) for n, _ in PLOTS])
+        page = render(target, pic, drawn)
     with writing_output(output):
         output.write_text(page, encoding="utf-8")
     stdout_console().print(f"wrote {output} ({len(page) / 1024:,.0f} KiB, {len(PLOTS)} plots)")
+
+
+def _painters(stack: contextlib.ExitStack, records: int, jobs: int | None) -> Workers[str] | None:
+    """Painter processes, started now, or None: drawn here (asked to, a short log, one CPU,
+    or event types no other process can import by name: a painter checks it decodes as
+    this process does, as every worker does)."""
+    wanted = min(default_jobs(), 2) if jobs is None and records >= WORTH_PAINTERS else jobs
+    vocabulary = portable_vocabulary()
+    if wanted is None or wanted < 2 or vocabulary is None:
+        return None
+    painters = stack.enter_context(Workers(min(wanted, 2), vocabulary, _painter_setup, _draw_task))
+    painters.start()
+    return painters
