@@ -8,6 +8,8 @@ version, then converted; a newer version or an unknown type is a typed error nam
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ _UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Event], msgspec.msgpack.Decoder[Any]] = {}
 _raw_decoder = msgspec.msgpack.Decoder()
+_json_encode = msgspec.json.Encoder(order="sorted").encode
 
 
 def register_upcaster(type_name: str, from_schema: int) -> Callable[[Upcaster], Upcaster]:
@@ -181,11 +184,76 @@ def _where(seq: int | None) -> str:
 
 
 def to_builtins(event: Event) -> dict[str, Any]:
-    """The event's fields as JSON-friendly builtins, without the type tag."""
-    data = msgspec.to_builtins(event)
-    assert isinstance(data, dict)
-    data.pop("type", None)
+    """The event's fields as JSON-friendly builtins, by name (an array_like event's too),
+    without its tag; each set's items in the order of their JSON, the same in every process
+    (a set's own order of text hangs on the process's hash seed)."""
+    cls = type(event)
+    built = msgspec.to_builtins(event)
+    if holds_sets(cls):
+        built = _sets_in_order(event, built)
+    config = cls.__struct_config__
+    tag = config.tag_field  # (None where a type switched its tag off)
+    if config.array_like:  # [tag, the field values in order, trailing defaults left out]
+        return dict(zip(cls.__struct_encode_fields__, built[tag is not None :], strict=False))
+    data: dict[str, Any] = built
+    if tag is not None:
+        del data[tag]
     return data
+
+
+@functools.cache
+def holds_sets(cls: type[Event]) -> bool:
+    """Whether an event of `cls` may hold a set or frozenset, at any depth (True where its
+    type hints no longer resolve: the safe answer)."""
+    try:
+        info = msgspec.inspect.type_info(cls)
+    except Exception:
+        return True
+    return _holds_set(info, set())
+
+
+def _holds_set(info: msgspec.inspect.Type, seen: set[type]) -> bool:
+    inspect = msgspec.inspect
+    if isinstance(info, inspect.SetType | inspect.FrozenSetType):
+        return True
+    if isinstance(
+        info,
+        inspect.StructType | inspect.DataclassType | inspect.TypedDictType | inspect.NamedTupleType,
+    ):
+        if info.cls in seen:  # a recursive type: looked at already
+            return False
+        seen.add(info.cls)
+        return any(_holds_set(f.type, seen) for f in info.fields)
+    inner = [getattr(info, name, None) for name in ("item_type", "key_type", "value_type", "type")]
+    inner += [*getattr(info, "types", ()), *getattr(info, "item_types", ())]
+    return any(_holds_set(t, seen) for t in inner if isinstance(t, inspect.Type))
+
+
+def _sets_in_order(value: Any, built: Any) -> Any:
+    """`built` (the builtins of `value`) with each set's items sorted by their JSON."""
+    if isinstance(value, set | frozenset):
+        return sorted(map(_sets_in_order, value, built), key=_json_encode)
+    if isinstance(value, list | tuple):
+        return list(map(_sets_in_order, value, built))
+    if isinstance(value, dict):
+        return dict(zip(built, map(_sets_in_order, value.values(), built.values()), strict=True))
+    if isinstance(value, msgspec.Struct):
+        config, names = value.__struct_config__, value.__struct_fields__
+        if config.array_like:  # [tag if tagged, the field values in order]
+            start = int(config.tag_field is not None)
+            kept = zip(names, built[start:], strict=False)
+            return built[:start] + [_sets_in_order(getattr(value, n), b) for n, b in kept]
+        encoded = zip(names, value.__struct_encode_fields__, strict=True)
+        return built | {
+            k: _sets_in_order(getattr(value, n), built[k]) for n, k in encoded if k in built
+        }
+    if dataclasses.is_dataclass(value):
+        fields = [f.name for f in dataclasses.fields(value)]
+    else:  # an attrs class (by its public `__attrs_attrs__`), or a value that holds no set
+        fields = [a.name for a in getattr(type(value), "__attrs_attrs__", ())]
+        if not fields:
+            return built
+    return built | {n: _sets_in_order(getattr(value, n), built[n]) for n in fields if n in built}
 
 
 def raw_fields(payload: bytes) -> object:

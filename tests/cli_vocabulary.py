@@ -20,6 +20,13 @@ class CliBare(Event, frozen=True, kw_only=True):
     """An event without fields: its JSON is the type tag alone."""
 
 
+@event_type
+class CliLabelled(Event, frozen=True, kw_only=True):
+    """A set: its items are printed in one order whatever the process's hash seed."""
+
+    labels: frozenset[str]
+
+
 class CliRef(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     weight: float

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import types
 from pathlib import Path
 from typing import Annotated, ClassVar
 
+import attrs
 import msgspec
 import pytest
 import sqlalchemy as sa
@@ -170,3 +174,111 @@ def test_a_schema_no_record_can_hold_as_written_is_refused_naming_the_type(
     ):
         log.append("s", [cls(text="x")])
     assert log.head() == 0
+
+
+# -- an event's builtins (what every audit command prints or exports) ---------------------
+
+
+class _Shade(enum.Enum):
+    DARK = "dark"
+    LIGHT = "light"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Box:
+    tags: frozenset[str]
+
+
+@attrs.frozen
+class _Crate:
+    tags: frozenset[str]
+
+
+class _Packed(msgspec.Struct, frozen=True, array_like=True, tag=True):
+    tags: frozenset[str]
+
+
+class _Sets(Event, frozen=True, kw_only=True):
+    tags: frozenset[str]
+    shades: frozenset[_Shade] = frozenset()
+    in_list: list[frozenset[str]] = msgspec.field(default_factory=list)
+    in_dict: dict[str, frozenset[str]] = msgspec.field(default_factory=dict)
+    box: _Box | None = None
+    crate: _Crate | None = None
+    packed: _Packed | None = None
+
+
+LETTERS = frozenset("zyxwvutsrqponm")
+IN_ORDER = sorted(LETTERS)
+
+
+def test_a_sets_items_are_in_the_order_of_their_json_at_any_depth() -> None:
+    """The builtins of a set keep its iteration order, which for text hangs on each
+    process's hash seed: two runs of one command, or its workers, printed one set two ways."""
+    event = _Sets(
+        tags=LETTERS,
+        shades=frozenset(_Shade),
+        in_list=[LETTERS],
+        in_dict={"k": LETTERS},
+        box=_Box(LETTERS),
+        crate=_Crate(LETTERS),
+        packed=_Packed(LETTERS),
+    )
+    assert codec.to_builtins(event) == {
+        "tags": IN_ORDER,
+        "shades": ["dark", "light"],
+        "in_list": [IN_ORDER],
+        "in_dict": {"k": IN_ORDER},
+        "box": {"tags": IN_ORDER},
+        "crate": {"tags": IN_ORDER},
+        "packed": ["_Packed", IN_ORDER],
+    }
+
+
+def test_set_items_are_ordered_by_their_json_encoding() -> None:
+    """By the bytes of their JSON (UTF-8): text that is not ASCII sorts after ASCII."""
+    assert codec.to_builtins(_Sets(tags=frozenset({"\u00e9", "z", "a"})))["tags"] == [
+        "a",
+        "z",
+        "\u00e9",
+    ]
+
+
+class _Kind(Event, frozen=True, kw_only=True, tag_field="kind"):
+    type: str
+
+
+class _PackedEvent(Event, frozen=True, kw_only=True, array_like=True):
+    a: int
+    b: str = "x"
+
+
+class _Untagged(Event, frozen=True, kw_only=True, array_like=True, tag=False):
+    a: int
+
+
+def test_an_events_builtins_are_its_fields_by_name_without_its_tag() -> None:
+    """Its own tag field, not a field named "type"; an array_like event's values named."""
+    assert codec.to_builtins(_Kind(type="t")) == {"type": "t"}
+    assert codec.to_builtins(_PackedEvent(a=1)) == {"a": 1, "b": "x"}
+    assert codec.to_builtins(_Untagged(a=1)) == {"a": 1}
+
+
+def test_a_type_whose_hints_no_longer_resolve_is_taken_to_hold_sets() -> None:
+    """The safe answer: its values are walked (by what they hold, not their hints)."""
+    module = types.ModuleType("vanishing_events")
+    exec(
+        "from __future__ import annotations\n"
+        "from eventlog.events import Event\n"
+        "class Later:\n"
+        "    pass\n"
+        "class Gone(Event, frozen=True, kw_only=True):\n"
+        "    tags: frozenset[str]\n"
+        "    later: Later | None = None\n",
+        module.__dict__,
+    )
+    cls = module.Gone
+    event = cls(tags=LETTERS)
+    del module.Later
+    assert codec.holds_sets(cls)
+    assert codec.to_builtins(event) == {"tags": IN_ORDER, "later": None}

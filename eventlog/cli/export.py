@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
-import dataclasses
 import functools
 import io
 import itertools
@@ -831,7 +830,7 @@ def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
     getters: list[Callable[[Any], Any]] = [operator.attrgetter(f) for f, _, _, _ in fields]
     if not _direct(cls):
         names = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
-        rows = list(map(_fields, events))
+        rows = list(map(codec.to_builtins, events))
         getters = [operator.methodcaller("get", names[f]) for f, _, _, _ in fields]
     columns: Columns = {}
     for (_, column, kind, _), get in zip(fields, getters, strict=True):
@@ -851,7 +850,7 @@ def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
         joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
         if joined.count(entry) == len(events) and joined.isascii():
             return list(joined.replace(entry, cut).decode("ascii").split("\n"))
-    return [json_text(_fields(event)) for event in events]
+    return [json_text(codec.to_builtins(event)) for event in events]
 
 
 @functools.cache
@@ -869,61 +868,11 @@ def _direct(cls: type[Event]) -> bool:
         return False
     if any(_mentions(hints[name], msgspec.UnsetType) for name in cls.__struct_fields__):
         return False
-    return not _has_sets(cls)
-
-
-@functools.cache
-def _has_sets(cls: type[Event]) -> bool:
-    return _holds_set(msgspec.inspect.type_info(cls), set())
-
-
-def _sets_in_order(value: Any, built: Any) -> Any:
-    """`built` (the builtins of `value`) with each set's items in the order of their JSON
-    text: the builtins of a set keep its iteration order, which for text hangs on each
-    process's hash seed, so two runs, or two workers, wrote one set two ways."""
-    if isinstance(value, set | frozenset):
-        return sorted(map(_sets_in_order, value, built), key=_json.encode)
-    if isinstance(value, list | tuple):
-        return list(map(_sets_in_order, value, built))
-    if isinstance(value, dict):
-        return dict(zip(built, map(_sets_in_order, value.values(), built.values()), strict=True))
-    if isinstance(value, msgspec.Struct):
-        config, names = value.__struct_config__, value.__struct_fields__
-        if config.array_like:  # [tag if tagged, field values in order (trailing defaults cut)]
-            start = int(config.tag_field is not None)
-            kept = zip(names, built[start:], strict=False)
-            inner = [_sets_in_order(getattr(value, n), b) for n, b in kept]
-            return built[:start] + inner
-        encoded = zip(names, value.__struct_encode_fields__, strict=True)
-        return built | {
-            k: _sets_in_order(getattr(value, n), built[k]) for n, k in encoded if k in built
-        }
-    if dataclasses.is_dataclass(value):
-        fields = [f.name for f in dataclasses.fields(value) if f.name in built]
-        return built | {n: _sets_in_order(getattr(value, n), built[n]) for n in fields}
-    return built
+    return not codec.holds_sets(cls)
 
 
 def _mentions(hint: Any, wanted: type) -> bool:
     return hint is wanted or any(_mentions(arg, wanted) for arg in typing.get_args(hint))
-
-
-def _holds_set(info: msgspec.inspect.Type, seen: set[type]) -> bool:
-    """Whether a type's values may hold a set or frozenset, at any depth."""
-    inspect = msgspec.inspect
-    if isinstance(info, inspect.SetType | inspect.FrozenSetType):
-        return True
-    if isinstance(
-        info,
-        inspect.StructType | inspect.DataclassType | inspect.TypedDictType | inspect.NamedTupleType,
-    ):
-        if info.cls in seen:  # a recursive type: looked at already
-            return False
-        seen.add(info.cls)
-        return any(_holds_set(f.type, seen) for f in info.fields)
-    inner = [getattr(info, name, None) for name in ("item_type", "key_type", "value_type", "type")]
-    inner += [*getattr(info, "types", ()), *getattr(info, "item_types", ())]
-    return any(_holds_set(t, seen) for t in inner if isinstance(t, inspect.Type))
 
 
 @functools.cache
@@ -939,15 +888,3 @@ def _tag_entry(cls: type[Event]) -> tuple[bytes, bytes]:
     if len(keys) > 1:
         return tag + b",", b""
     return b"{" + tag + b"}", b"{}"
-
-
-def _fields(event: Event) -> Any:
-    """An event's fields as builtins, without its tag (by name, for an array_like type too),
-    each set's items in one order whatever the process."""
-    found = msgspec.to_builtins(event)
-    if _has_sets(type(event)):
-        found = _sets_in_order(event, found)
-    if event.__struct_config__.array_like:  # [tag, field values in order...]
-        return dict(zip(event.__struct_encode_fields__, found[1:], strict=False))
-    del found[event.__struct_config__.tag_field]
-    return found

@@ -13,6 +13,7 @@ from eventlog import codec
 from eventlog.cli.output import json_line
 from eventlog.cli.times import format_ns, short_time
 from eventlog.errors import SchemaError
+from eventlog.events import Event
 from eventlog.records import Record, RecordedEvent
 from eventlog.store.base import RecordRow, record_of_row
 
@@ -124,19 +125,21 @@ class JsonHead(msgspec.Struct):
 
 
 LINE_ENCODER = msgspec.json.Encoder()
-_tag_prefixes: dict[type[Any], bytes] = {}
+_tag_prefixes: dict[type[Event], bytes] = {}
 
 
-def _tag_prefix(cls: type[Any]) -> bytes:
+def _tag_prefix(cls: type[Event]) -> bytes:
     """How msgspec's JSON of an event of `cls` starts: `{"type":"Name"` (empty for a tag
-    field other than "type": those take the long way)."""
+    field other than "type", or a type that may hold a set, which msgspec writes in its
+    iteration order: those take the long way)."""
     config = cls.__struct_config__
-    prefix = b'{"type":' + LINE_ENCODER.encode(config.tag) if config.tag_field == "type" else b""
+    fast = config.tag_field == "type" and not codec.holds_sets(cls)
+    prefix = b'{"type":' + LINE_ENCODER.encode(config.tag) if fast else b""
     _tag_prefixes[cls] = prefix
     return prefix
 
 
-def write_json_line(out: bytearray, head: JsonHead, event: Any) -> bool:
+def write_json_line(out: bytearray, head: JsonHead, event: Event) -> bool:
     """Append `json_line(json_object(view))` of an unmarked record that decoded to `event`
     (and a newline) to `out`, from one encoding of `head` and one of `event`, without the
     builtins, view and dict `json_object` goes through (two thirds of `replay --json`).

@@ -225,8 +225,9 @@ def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
 def _ctrl_c_held() -> Iterator[None]:
     """SIGINT blocked in this thread meanwhile; delivered to the process's other threads,
     the command still stops at once."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # read only
+    try:  # a Ctrl-C already pending is raised by the call that blocks: restore it then too
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)

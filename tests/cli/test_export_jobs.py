@@ -272,6 +272,29 @@ def test_a_worker_leaves_ctrl_c_to_the_command_while_it_starts_too() -> None:
     assert (done.returncode, done.stdout) == (0, "False\n"), done.stderr
 
 
+def test_a_ctrl_c_pending_as_a_worker_starts_leaves_ctrl_c_unblocked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blocking SIGINT runs the handler of one already pending (the KeyboardInterrupt comes
+    from that call): the command's thread must not keep it blocked afterwards."""
+    real = signal.pthread_sigmask
+
+    def interrupted(how: int, mask: Any) -> Any:
+        before = real(how, mask)
+        if how == signal.SIG_BLOCK and signal.SIGINT in set(mask):
+            raise KeyboardInterrupt
+        return before
+
+    vocabulary = workers.portable_vocabulary()
+    assert vocabulary is not None
+    with workers.Workers(1, vocabulary, worker_functions.nothing, operator.add) as pool:
+        monkeypatch.setattr(signal, "pthread_sigmask", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pool.start()
+        monkeypatch.undo()
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
 def test_started_workers_run_before_any_task_is_asked_for() -> None:
     """`start` spawns every worker at once (each would start at a submit that found none
     idle), so that they set up while the command does other work (report's painters)."""
