@@ -27,6 +27,21 @@ class CliLabelled(Event, frozen=True, kw_only=True):
     labels: frozenset[str]
 
 
+@event_type
+class CliPacked(Event, frozen=True, kw_only=True, array_like=True):
+    """Encoded as an array: printed by its fields' names."""
+
+    count: int
+    unit: str = "tokens"
+
+
+@event_type
+class CliKinded(Event, frozen=True, kw_only=True, tag_field="kind"):
+    """Tagged by another field than the others' "type"."""
+
+    text: str
+
+
 class CliRef(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     weight: float

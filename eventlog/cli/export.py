@@ -775,17 +775,20 @@ def _raw_text(payload: bytes) -> str | None:
 
 
 class _ChunkDecoder:
-    """A chunk of rows decoded at once: each payload by one decoder of every known event
-    type (a tagged union), which refuses a payload that is short or trails bytes. A chunk
-    holding any other record (an unknown type, another schema version, a payload that does
-    not decode as its row's type) is decoded record by record as `codec.decode` does."""
+    """A chunk of rows decoded at once: each payload by one decoder of the known event
+    types (a tagged union), which refuses a payload that is short or trails bytes. A chunk
+    holding any other record (an unknown type, another schema version, a type no union can
+    hold, a payload that does not decode as its row's type) is decoded record by record as
+    `codec.decode` does."""
 
     def __init__(self, known: dict[str, type[Event]]) -> None:
-        self.known = known
-        self.current = {name: cls.schema for name, cls in known.items()}
-        every: Any = functools.reduce(operator.or_, known.values()) if known else None
+        # msgspec unites only structs encoded alike: maps tagged by one field.
+        self.known = {name: cls for name, cls in known.items() if _unitable(cls)}
+        self.current = {name: cls.schema for name, cls in self.known.items()}
         self.any_of: msgspec.msgpack.Decoder[Any] | None = (
-            msgspec.msgpack.Decoder(every) if known else None
+            msgspec.msgpack.Decoder(functools.reduce(operator.or_, self.known.values()))
+            if self.known
+            else None
         )
 
     def decode(self, chunk: list[RecordRow], envelope: list[Any]) -> list[Event | None]:
@@ -818,6 +821,11 @@ class _ChunkDecoder:
             return codec.decode(row[4], row[5], row[7], seq=row[0])
         except SchemaError:
             return None
+
+
+def _unitable(cls: type[Event]) -> bool:
+    config = cls.__struct_config__
+    return config.tag_field == "type" and not config.array_like
 
 
 def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:

@@ -26,7 +26,7 @@ from eventlog.events import Event, event_types
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
 from tests.cli.helpers import append_notes, cli, insert_raw, query, sql
-from tests.cli_vocabulary import CliMeasured, CliRef
+from tests.cli_vocabulary import CliKinded, CliMeasured, CliPacked, CliRef
 from tests.strategies import events_of
 
 
@@ -73,6 +73,38 @@ def test_parquet_tables_have_every_record_with_typed_columns(
     assert set(receipt) == {"rollout_id", "staging_keys"}
     finished = pq.read_table(tmp_path / "GenerationFinished.parquet")
     assert finished.schema.field("reward").nullable
+
+
+def test_types_encoded_otherwise_than_the_rest_are_exported_by_their_fields(
+    log_file: str, tmp_path: Path
+) -> None:
+    """An event encoded as an array, or tagged by another field, cannot join the other
+    types in one decoder (msgspec refused to build it: every export failed, exit 70)."""
+    from eventlog import EventLog
+
+    with EventLog.open(log_file) as log:
+        log.append(
+            "s",
+            [
+                CliPacked(count=3),
+                CliKinded(text="k"),
+                CliMeasured(name="m", value=1.0, ok=True, tags=[]),
+            ],
+        )
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+
+    def rows(table: str) -> list[dict[str, Any]]:
+        text = (tmp_path / f"{table}.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines()]
+
+    assert [r["data"] for r in rows("records")] == [
+        '{"count":3,"unit":"tokens"}',
+        '{"text":"k"}',
+        '{"name":"m","ok":true,"ref":null,"tags":[],"trace_id":null,"value":1.0}',
+    ]
+    assert [(r["count"], r["unit"]) for r in rows("CliPacked")] == [(3, "tokens")]
+    assert [r["text"] for r in rows("CliKinded")] == ["k"]
 
 
 def test_jsonl_and_csv_tables_hold_the_same_rows(run: AuditedRun, tmp_path: Path) -> None:
@@ -326,7 +358,7 @@ def _reference(events: list[Event]) -> tuple[list[str | None], dict[str, list[An
         fields = [dict(zip(cls.__struct_encode_fields__, d[1:], strict=False)) for d in fields]
     else:
         for d in fields:
-            del d["type"]
+            del d[cls.__struct_config__.tag_field or ""]
     name = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
     columns = {
         column: [

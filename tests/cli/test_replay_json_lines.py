@@ -20,7 +20,7 @@ from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog
 from tests.cli.audited_run import AuditedRun
 from tests.cli.helpers import cli, insert_raw, line, lines
-from tests.cli_vocabulary import CliLabelled
+from tests.cli_vocabulary import CliLabelled, CliPacked
 
 
 def the_long_way(path: str, *, allow_unknown: bool = False) -> str:
@@ -62,6 +62,15 @@ def test_a_sets_items_are_printed_in_the_order_of_their_json(log_file: str) -> N
     printed = replayed(log_file)
     assert printed == the_long_way(log_file)
     assert json.loads(printed)["data"] == {"labels": sorted(letters)}
+
+
+def test_an_event_encoded_as_an_array_is_printed_by_its_fields_names(log_file: str) -> None:
+    with EventLog.open(log_file) as log:
+        log.append("s", [CliPacked(count=3)])
+    assert json.loads(replayed(log_file))["data"] == {"count": 3, "unit": "tokens"}
+    table = cli("replay", log_file)
+    assert table.exit_code == 0, table.stderr
+    assert "count" in table.stdout
 
 
 def test_odd_values_and_unknown_records_are_the_long_way_byte_for_byte(log_file: str) -> None:
