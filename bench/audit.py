@@ -64,9 +64,11 @@ COMMANDS = (
     "export",
     "export --jobs 1",
     "report",
+    "report --jobs 1",
 )
-"""`replay --json` and `export` as run by default (worker processes, one per CPU up to 8),
-each followed by the same in one process."""
+"""`replay --json`, `export` and `report` as run by default (worker processes, one per CPU up
+to 8 for the first two, two painters for `report`, on logs of 250,000 records or more), each
+followed by the same in one process."""
 REPLAY_RECORDS_PER_S = 100_000
 INTERACTIVE_S = 1.0
 BATCH_S = 5.0
@@ -111,6 +113,7 @@ def arguments(command: str, run: RunLog, group: str, work: Path) -> list[str]:
             *("--jobs", "1"),
         ],
         "report": ["report", target, "-o", str(work / "run.html")],
+        "report --jobs 1": ["report", target, "-o", str(work / "run-1.html"), "--jobs", "1"],
     }[command]
 
 

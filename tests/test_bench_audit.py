@@ -36,7 +36,7 @@ def test_quick_audit_benchmark_times_every_command_at_both_sizes(tmp_path: Path)
     assert rows == results.rows
     commands = [
         *("replay --json", "replay --json --jobs 1", "inspect group", "state --at", "stats"),
-        *("export", "export --jobs 1", "report"),
+        *("export", "export --jobs 1", "report", "report --jobs 1"),
     ]
     assert [(r["records"], r["command"]) for r in rows] == [
         (log.records, command) for log in logs for command in commands
