@@ -188,9 +188,7 @@ def to_builtins(event: Event) -> dict[str, Any]:
     without its tag; each set's items in the order of their JSON, the same in every process
     (a set's own order of text hangs on the process's hash seed)."""
     cls = type(event)
-    built = msgspec.to_builtins(event)
-    if holds_sets(cls):
-        built = _sets_in_order(event, built)
+    built = value_builtins(event, sets=holds_sets(cls))
     config = cls.__struct_config__
     tag = config.tag_field  # (None where a type switched its tag off)
     if config.array_like:  # [tag, the field values in order, trailing defaults left out]
@@ -199,6 +197,13 @@ def to_builtins(event: Event) -> dict[str, Any]:
     if tag is not None:
         del data[tag]
     return data
+
+
+def value_builtins(value: Any, *, sets: bool = True) -> Any:
+    """`value` as JSON-friendly builtins: dict keys as text (as JSON has them), and, where
+    it may hold sets, each set's items in the order of their JSON."""
+    built = msgspec.to_builtins(value, str_keys=True)
+    return _sets_in_order(value, built) if sets else built
 
 
 @functools.cache

@@ -34,6 +34,9 @@ def event_type(cls: E) -> E:
     existing = _EVENT_TYPES.get(name)
     if existing is not None and existing is not cls:
         raise TypeError(f"event type {name!r} is registered twice")
+    # msgspec (0.23) decodes a tag that is not ASCII only once the tag's UTF-8 form is
+    # cached on it, which encoding it does: else a fresh process read none of these records.
+    msgspec.json.encode(name)
     _EVENT_TYPES[name] = cls
     return cls
 

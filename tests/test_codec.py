@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import types
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import attrs
 import msgspec
@@ -282,3 +282,18 @@ def test_a_type_whose_hints_no_longer_resolve_is_taken_to_hold_sets() -> None:
     del module.Later
     assert codec.holds_sets(cls)
     assert codec.to_builtins(event) == {"tags": IN_ORDER, "later": None}
+
+
+def test_a_type_tagged_by_text_that_is_not_ascii_decodes_in_a_fresh_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """msgspec (0.23) decoded such a tag only once the tag had been encoded in the process:
+    the writer had, a fresh reader had not and refused every record (exit 3)."""
+    from eventlog import events
+
+    tag = "".join(["\u00e9", "v"])  # a string no encoding has touched yet
+    accent: Any = msgspec.defstruct("Accent", [("x", int)], bases=(Event,), tag=tag, kw_only=True)
+    monkeypatch.setitem(events._EVENT_TYPES, tag, accent)
+    event_type(accent)
+    payload = msgspec.msgpack.encode({"type": "\u00e9v", "x": 1})  # as another process wrote
+    assert codec.decode(tag, 1, payload) == accent(x=1)

@@ -14,14 +14,16 @@ import contextlib
 import copy
 import csv
 import functools
+import hashlib
 import io
 import itertools
-import json
 import operator
 import os
+import re
 import shutil
 import tempfile
 import typing
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple, Protocol, cast
@@ -77,10 +79,15 @@ def _kind(info: msgspec.inspect.Type) -> tuple[ColumnKind, bool]:
         return "int", nullable
     if isinstance(info, msgspec.inspect.FloatType):
         return "float", nullable
-    if isinstance(
-        info, msgspec.inspect.StrType | msgspec.inspect.LiteralType | msgspec.inspect.EnumType
-    ):
+    if isinstance(info, msgspec.inspect.StrType):
         return "str", nullable
+    if isinstance(info, msgspec.inspect.LiteralType | msgspec.inspect.EnumType):
+        values = info.values if isinstance(info, msgspec.inspect.LiteralType) else info.cls
+        kinds = {type(getattr(v, "value", v)) for v in values}  # an IntEnum's values are ints
+        if kinds <= {str}:
+            return "str", nullable
+        if kinds <= {int}:
+            return "int", nullable
     return "json", nullable
 
 
@@ -91,22 +98,48 @@ def event_columns(cls: type[Event]) -> list[tuple[str, str, ColumnKind, bool]]:
     info = msgspec.inspect.type_info(cls)
     assert isinstance(info, msgspec.inspect.StructType)
     taken = {name for name, _ in ENVELOPE}
-    return [
-        (f.name, f"field_{f.name}" if f.name in taken else f.name, *_kind(f.type))
-        for f in info.fields
-    ]
+    unset = _may_be_unset(cls)
+    columns = []
+    for f in info.fields:
+        kind, nullable = _kind(f.type)  # (type_info leaves UnsetType out of a union)
+        column = f"field_{f.name}" if f.name in taken else f.name
+        columns.append((f.name, column, kind, nullable or f.name in unset))
+    return columns
+
+
+@functools.cache
+def _may_be_unset(cls: type[Event]) -> frozenset[str]:
+    """The fields of `cls` that may hold UNSET (all of them where its hints do not resolve)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:
+        return frozenset(cls.__struct_fields__)
+    return frozenset(n for n in cls.__struct_fields__ if _mentions(hints[n], msgspec.UnsetType))
 
 
 _json = msgspec.json.Encoder(order="sorted")
 
 
 def json_text(value: Any) -> str:
-    """Builtins as compact JSON with sorted keys (msgspec; json.dumps' ASCII escapes are
-    kept for text that is not ASCII, so such a value reads the same as before)."""
+    """Builtins as compact JSON with sorted keys (msgspec), text that is not ASCII escaped
+    as json.dumps escapes it (numbers, NaN and infinities as msgspec writes them: a value
+    reads the same whatever its text holds)."""
     found = _json.encode(value)
     if found.isascii():
         return found.decode()
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return _NOT_ASCII.sub(_escaped, found.decode())
+
+
+_NOT_ASCII = re.compile("[^\x00-\x7f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    """A character as JSON's \\u escape (a UTF-16 surrogate pair beyond the BMP)."""
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
 
 
 def uuid_texts(ids: Sequence[bytes]) -> list[str]:
@@ -301,7 +334,12 @@ class _Parquet:
 
     def encode(self, spec: Spec, columns: Columns) -> Any:
         schema = self.schema(spec)
-        arrays = [self._array(columns[f.name], f.type) for f in schema]
+        arrays = []
+        for f in schema:
+            try:
+                arrays.append(self._array(columns[f.name], f.type))
+            except OverflowError:  # msgspec's ints reach 2**64 - 1, Parquet's 2**63 - 1
+                raise _beyond_int64(f.name, columns) from None
         return self.pa.Table.from_arrays(arrays, schema=schema)
 
     def _array(self, values: Any, kind: Any) -> Any:
@@ -344,6 +382,16 @@ class _Parquet:
         repeated = [name for name, kind, _ in spec if kind != "json" and name != "event_id"]
         writer = pq.ParquetWriter(str(path), self.schema(spec), use_dictionary=repeated)
         return _ParquetTable(writer)
+
+
+def _beyond_int64(column: str, columns: Columns) -> CliUsageError:
+    values, seqs = columns[column], columns["seq"]
+    at = next(i for i, v in enumerate(values) if v is not None and not -(2**63) <= v < 2**63)
+    seq = seqs[at].as_py() if hasattr(seqs, "to_pylist") else seqs[at]
+    return CliUsageError(
+        f"seq {seq}: column {column} holds {values[at]}, beyond Parquet's 64-bit integers",
+        hint="export with --format jsonl or csv, which keep any integer",
+    )
 
 
 class _ParquetTable:
@@ -612,11 +660,11 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
                     sink.flush()
                     sink.table.close()
     with writing_output(output):
-        stale = _stale_tables(target, output, suffix, {"records", *sinks}, event_types())
+        stale = _stale_tables(target, output, suffix, set(sinks), event_types())
     console = stdout_console()
     console.print(f"{records.count} records -> {output / ('records' + suffix)}")
     for name, sink in sorted(sinks.items()):
-        console.print(f"{sink.count} {name} -> {output / (name + suffix)}")
+        console.print(f"{sink.count} {name} -> {output / (table_stem(name) + suffix)}")
     for path in stale:
         console.print(f"removed {path}: a table of an earlier export, of a type this log lacks")
     helpers = pids - {os.getpid()}
@@ -648,7 +696,7 @@ def _write_chunks(
             sink = sinks.get(name)
             if sink is None:
                 sink = sinks[name] = make_table(
-                    output / (name + records.form.suffix), typed_spec(cls)
+                    output / (table_stem(name) + records.form.suffix), typed_spec(cls)
                 )
             sink.add(part, rows)
             pending += rows
@@ -749,17 +797,35 @@ def _build_range(state: _State, seqs: tuple[int, int]) -> Chunk:
         return chunk if spool is None else spooled(chunk, builder.form, spool)
 
 
+def table_stem(type_name: str) -> str:
+    """The file name (less its suffix) of a type's table: the type's name where that is a
+    plain file name of its own (not the records table's, no path, not hidden, not too long),
+    else "%" and the name percent-encoded (a hash of it past 200 bytes)."""
+    plain = type_name != "records" and _PLAIN_STEM.fullmatch(type_name)
+    if plain and len(type_name.encode()) <= _STEM_BYTES:
+        return type_name
+    quoted = urllib.parse.quote(type_name, safe="")
+    if len(quoted) > _STEM_BYTES:
+        quoted = hashlib.sha256(type_name.encode()).hexdigest()
+    return "%" + quoted
+
+
+_PLAIN_STEM = re.compile(r"\w[\w.-]*")
+_STEM_BYTES = 200
+
+
 def _stale_tables(
     target: str, output: Path, suffix: str, written: set[str], known: Mapping[str, type[Event]]
 ) -> list[Path]:
     """Remove the tables an earlier export left in `output` that this one did not write
     (files named like a table of a known event type, never the log read): loading `*.jsonl`
     read two logs."""
+    stems = {table_stem(name) for name in written}
     stale = sorted(
         path
         for path in output.glob(f"*{suffix}")
-        if path.stem not in written
-        and path.stem in known
+        if path.stem not in stems
+        and path.stem in {table_stem(name) for name in known}
         and path.is_file()
         and log_file_at(target, path) is None
     )
@@ -830,20 +896,17 @@ def _unitable(cls: type[Event]) -> bool:
 
 def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
     """The field columns of one event type's rows: each field of every event at once, as
-    builtins (msgspec.to_builtins of the column); nested values as JSON text. A type whose
-    events are not `_direct`: from each event's builtins, where a field left out (a default
-    omitted, UNSET) is null, as its fields' JSON has it."""
-    fields = event_columns(cls)
-    rows: Sequence[Any] = events
-    getters: list[Callable[[Any], Any]] = [operator.attrgetter(f) for f, _, _, _ in fields]
-    if not _direct(cls):
-        names = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
-        rows = list(map(codec.to_builtins, events))
-        getters = [operator.methodcaller("get", names[f]) for f, _, _, _ in fields]
+    builtins (`codec.value_builtins` of the column: dict keys as text, sets in order), a
+    default left out of the payload as its value, UNSET as null; nested values as JSON
+    text."""
+    unset = _may_be_unset(cls)
     columns: Columns = {}
-    for (_, column, kind, _), get in zip(fields, getters, strict=True):
-        values = msgspec.to_builtins(list(map(get, rows)))
-        columns[column] = json_texts(values) if kind == "json" else values
+    for field, column, kind, _ in event_columns(cls):
+        values = list(map(operator.attrgetter(field), events))
+        if field in unset:
+            values = [None if v is msgspec.UNSET else v for v in values]
+        built = codec.value_builtins(values, sets=codec.holds_sets(cls))
+        columns[column] = json_texts(built) if kind == "json" else built
     return columns
 
 
@@ -855,8 +918,11 @@ def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
     text is ASCII (json_text escapes the rest as json.dumps does); else event by event."""
     if events and _direct(cls):
         entry, cut = _tag_entry(cls)
-        joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
-        if joined.count(entry) == len(events) and joined.isascii():
+        try:
+            joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
+        except TypeError:  # a dict keyed by other than text (sorted keys must be text)
+            joined = b""
+        if joined and joined.count(entry) == len(events) and joined.isascii():
             return list(joined.replace(entry, cut).decode("ascii").split("\n"))
     return [json_text(codec.to_builtins(event)) for event in events]
 
@@ -868,13 +934,7 @@ def _direct(cls: type[Event]) -> bool:
     that may be UNSET (either moves the tag entry); no set anywhere (encoded, msgspec sorts
     it; its builtins keep its order)."""
     config = cls.__struct_config__
-    if config.omit_defaults or config.array_like:
-        return False
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # a name its module cannot resolve now: take the safe way
-        return False
-    if any(_mentions(hints[name], msgspec.UnsetType) for name in cls.__struct_fields__):
+    if config.omit_defaults or config.array_like or _may_be_unset(cls):
         return False
     return not codec.holds_sets(cls)
 

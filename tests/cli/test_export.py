@@ -7,11 +7,12 @@ import csv
 import dataclasses
 import enum
 import gc
+import hashlib
 import json
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import pyarrow as pa
@@ -105,6 +106,114 @@ def test_types_encoded_otherwise_than_the_rest_are_exported_by_their_fields(
     ]
     assert [(r["count"], r["unit"]) for r in rows("CliPacked")] == [(3, "tokens")]
     assert [r["text"] for r in rows("CliKinded")] == ["k"]
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class _Shapes(Event, frozen=True, kw_only=True, omit_defaults=True, tag="_Shapes"):
+    """What the tables once failed on (exit 70): an IntEnum or int Literal column (taken
+    for text), a dict keyed by ints (sorted keys must be text), a default left out of the
+    payload or an UNSET field (null in a column declared not null)."""
+
+    level: _Level = _Level.LOW
+    lit: Literal[1, 2] = 1
+    counts: dict[int, str] = msgspec.field(default_factory=dict)
+    maybe: int | msgspec.UnsetType = msgspec.UNSET
+    big: int = 0
+
+
+class _Named(Event, frozen=True, kw_only=True, tag="records"):
+    """A type named like the records table."""
+
+    n: int
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_unusual_field_types_are_exported_as_their_values(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    from eventlog import EventLog, events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Shapes", _Shapes)
+    monkeypatch.setitem(events._EVENT_TYPES, "records", _Named)
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Shapes(level=_Level.HIGH, lit=2, counts={2: "b", 1: "a"}, maybe=3)])
+        log.append("s", [_Shapes(), _Named(n=7)])
+    result = cli("export", log_file, "--format", fmt, "-o", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    shapes = _read_table(tmp_path / f"_Shapes.{fmt}", fmt)
+    assert [(r["level"], r["lit"], r["counts"], r["maybe"], r["big"]) for r in shapes] == [
+        (2, 2, '{"1":"a","2":"b"}', 3, 0),
+        (1, 1, "{}", None, 0),
+    ]
+    data = [r["data"] for r in _read_table(tmp_path / f"records.{fmt}", fmt)]
+    assert data == ['{"counts":{"1":"a","2":"b"},"level":2,"lit":2,"maybe":3}', "{}", '{"n":7}']
+    assert [r["n"] for r in _read_table(tmp_path / f"%records.{fmt}", fmt)] == [7]
+
+
+def test_an_integer_beyond_parquets_is_an_error_naming_its_seq_and_column(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msgspec keeps ints up to 2**64 - 1; Parquet's stop at 2**63 - 1 (was exit 70)."""
+    from eventlog import EventLog, events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Shapes", _Shapes)
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Shapes(big=1)])
+        (seq,) = log.append("s", [_Shapes(big=2**64 - 1)]).seqs
+    result = cli("export", log_file, "-o", str(tmp_path / "p"))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.splitlines()[0] == (
+        f"error: seq {seq}: column big holds {2**64 - 1}, beyond Parquet's 64-bit integers"
+    )
+    assert "--format jsonl or csv" in result.stderr
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "j"))
+    assert result.exit_code == 0, result.stderr
+    assert [r["big"] for r in _read_table(tmp_path / "j" / "_Shapes.jsonl", "jsonl")] == [
+        1,
+        2**64 - 1,
+    ]
+
+
+def _read_table(path: Path, fmt: str) -> list[dict[str, Any]]:
+    """A table's rows, typed as Parquet has them (csv: ints back from text, empty as null)."""
+    if fmt == "parquet":
+        rows: list[dict[str, Any]] = pq.read_table(path).drop(["recorded_at"]).to_pylist()
+        return rows
+    if fmt == "jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    with path.open(newline="") as file:
+        return [
+            {k: None if v == "" else int(v) if v.lstrip("-").isdigit() else v for k, v in r.items()}
+            for r in csv.DictReader(file)
+        ]
+
+
+def test_a_types_table_is_named_by_a_plain_file_name_of_its_own() -> None:
+    """Not the records table's, no path out of the folder, not hidden, not too long."""
+    from eventlog.cli.export import table_stem
+
+    assert table_stem("TokensStaged") == "TokensStaged"
+    assert table_stem("\u00c9v\u00e9nement") == "\u00c9v\u00e9nement"
+    assert table_stem("records") == "%records"
+    assert table_stem("../out") == "%..%2Fout"
+    assert table_stem(".hidden") == "%.hidden"
+    assert table_stem("") == "%"
+    assert table_stem("x" * 201) == "%" + hashlib.sha256(b"x" * 201).hexdigest()
+    assert len({table_stem(n) for n in ["a/b", "a%2Fb", "%a%2Fb", "a_b"]}) == 4
+
+
+def test_text_that_is_not_ascii_leaves_numbers_as_msgspec_writes_them() -> None:
+    """Escaped as json.dumps escapes it, but NaN stays null (valid JSON) and 1e16 as is,
+    as in a value whose text is ASCII."""
+    from eventlog.cli.export import json_text
+
+    value = {"f": float("nan"), "g": 1e16, "s": "\u00e9 \U0001f600"}
+    assert json_text(value) == '{"f":null,"g":1e16,"s":"\\u00e9 \\ud83d\\ude00"}'
+    assert json.loads(json_text(value))["s"] == value["s"]
 
 
 def test_jsonl_and_csv_tables_hold_the_same_rows(run: AuditedRun, tmp_path: Path) -> None:
@@ -345,32 +454,31 @@ def _sets_as_sorted_lists(value: Any) -> Any:
 
 
 def _reference(events: list[Event]) -> tuple[list[str | None], dict[str, list[Any]]]:
-    """The `data` texts and typed columns of each event alone, from its builtins (by each
-    field's encoded name; an array_like event's values named in field order; each set's
-    items in the order of their JSON encoding)."""
+    """The `data` texts of each event alone, from its builtins (by each field's encoded
+    name; an array_like event's values named in field order), and its typed columns from
+    its fields' values (UNSET: null); dict keys as text, each set's items in the order of
+    their JSON encoding."""
     from eventlog.cli.export import event_columns, json_text
 
     if not events:
         return [], {}
     cls = type(events[0])
-    fields = [msgspec.to_builtins(_sets_as_sorted_lists(e)) for e in events]
+    fields = [msgspec.to_builtins(_sets_as_sorted_lists(e), str_keys=True) for e in events]
     if cls.__struct_config__.array_like:
         fields = [dict(zip(cls.__struct_encode_fields__, d[1:], strict=False)) for d in fields]
     else:
         for d in fields:
             del d[cls.__struct_config__.tag_field or ""]
-    name = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
-    columns = {
-        column: [
+    columns: dict[str, list[Any]] = {}
+    for field, column, kind, _ in event_columns(cls):
+        values = [getattr(e, field) for e in events]
+        built = [
             None
-            if d.get(name[field]) is None
-            else json_text(d[name[field]])
-            if kind == "json"
-            else d[name[field]]
-            for d in fields
+            if v is None or v is msgspec.UNSET
+            else msgspec.to_builtins(_sets_as_sorted_lists(v), str_keys=True)
+            for v in values
         ]
-        for field, column, kind, _ in event_columns(cls)
-    }
+        columns[column] = [json_text(b) if kind == "json" and b is not None else b for b in built]
     return [json_text(d) for d in fields], columns
 
 
