@@ -94,15 +94,21 @@ def _kind(info: msgspec.inspect.Type) -> tuple[ColumnKind, bool]:
 @functools.cache
 def event_columns(cls: type[Event]) -> list[tuple[str, str, ColumnKind, bool]]:
     """(field, column, kind, nullable) of each field of an event class, in declaration order;
-    a field named like an envelope column gets the column `field_<name>`."""
+    a field named like an envelope column gets the column `field_<name>` (more `field_`
+    while another field has that name)."""
     info = msgspec.inspect.type_info(cls)
     assert isinstance(info, msgspec.inspect.StructType)
-    taken = {name for name, _ in ENVELOPE}
+    envelope = {name for name, _ in ENVELOPE}
+    taken = envelope | {f.name for f in info.fields}
     unset = _may_be_unset(cls)
     columns = []
     for f in info.fields:
         kind, nullable = _kind(f.type)  # (type_info leaves UnsetType out of a union)
-        column = f"field_{f.name}" if f.name in taken else f.name
+        column = f.name
+        if column in envelope:
+            column = f"field_{column}"
+            while column in taken:
+                column = f"field_{column}"
         columns.append((f.name, column, kind, nullable or f.name in unset))
     return columns
 

@@ -178,6 +178,26 @@ def test_an_integer_beyond_parquets_is_an_error_naming_its_seq_and_column(
     ]
 
 
+class _Envelope(Event, frozen=True, kw_only=True, tag="_Envelope"):
+    seq: int
+    field_seq: int
+
+
+def test_a_field_named_like_the_envelope_gets_a_column_no_other_field_has() -> None:
+    """`seq` becomes `field_seq` unless a field has that name (two columns of one name: a
+    value lost in jsonl, csv rows misaligned)."""
+    from eventlog.cli.export import event_columns, typed_columns
+
+    assert [column for _, column, _, _ in event_columns(_Envelope)] == [
+        "field_field_seq",
+        "field_seq",
+    ]
+    assert typed_columns(_Envelope, [_Envelope(seq=-1, field_seq=2)]) == {
+        "field_field_seq": [-1],
+        "field_seq": [2],
+    }
+
+
 def _read_table(path: Path, fmt: str) -> list[dict[str, Any]]:
     """A table's rows, typed as Parquet has them (csv: ints back from text, empty as null)."""
     if fmt == "parquet":
