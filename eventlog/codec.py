@@ -200,26 +200,55 @@ def to_builtins(event: Event) -> dict[str, Any]:
 
 
 def value_builtins(value: Any, *, sets: bool = True) -> Any:
-    """`value` as JSON-friendly builtins: dict keys as text (as JSON has them), and, where
-    it may hold sets, each set's items in the order of their JSON."""
-    built = msgspec.to_builtins(value, str_keys=True)
+    """`value` as JSON-friendly builtins: dict keys as text (as JSON has them), a Raw field
+    as what it holds, an Ext as its code and data, and, where it may hold sets, each set's
+    items in the order of their JSON."""
+    built = msgspec.to_builtins(value, str_keys=True, enc_hook=_foreign)
     return _sets_in_order(value, built) if sets else built
+
+
+def _foreign(value: Any) -> Any:
+    """The builtins msgspec has no form for: a Raw field (msgpack, as events are decoded)
+    and a msgpack extension."""
+    if isinstance(value, msgspec.Raw):
+        return _raw_decoder.decode(value)
+    if isinstance(value, msgspec.msgpack.Ext):
+        return {"code": value.code, "data": value.data}
+    raise NotImplementedError(f"no builtins for {type(value).__name__}")
+
+
+_SETS = (msgspec.inspect.SetType, msgspec.inspect.FrozenSetType)
+_AS_IS = (msgspec.inspect.RawType, msgspec.inspect.ExtType)
 
 
 @functools.cache
 def holds_sets(cls: type[Event]) -> bool:
     """Whether an event of `cls` may hold a set or frozenset, at any depth (True where its
     type hints no longer resolve: the safe answer)."""
+    return _holds(cls, _SETS)
+
+
+@functools.cache
+def json_as_builtins(cls: type[Event]) -> bool:
+    """Whether msgspec's own JSON of an event of `cls` is the JSON of its builtins: no set
+    (written in its iteration order), no Raw or Ext field (written as it is, or not at all);
+    False where its type hints no longer resolve."""
+    return not _holds(cls, _SETS + _AS_IS)
+
+
+def _holds(cls: type[Event], kinds: tuple[type[msgspec.inspect.Type], ...]) -> bool:
     try:
         info = msgspec.inspect.type_info(cls)
     except Exception:
         return True
-    return _holds_set(info, set())
+    return _holds_kind(info, kinds, set())
 
 
-def _holds_set(info: msgspec.inspect.Type, seen: set[type]) -> bool:
+def _holds_kind(
+    info: msgspec.inspect.Type, kinds: tuple[type[msgspec.inspect.Type], ...], seen: set[type]
+) -> bool:
     inspect = msgspec.inspect
-    if isinstance(info, inspect.SetType | inspect.FrozenSetType):
+    if isinstance(info, kinds):
         return True
     if isinstance(
         info,
@@ -228,10 +257,10 @@ def _holds_set(info: msgspec.inspect.Type, seen: set[type]) -> bool:
         if info.cls in seen:  # a recursive type: looked at already
             return False
         seen.add(info.cls)
-        return any(_holds_set(f.type, seen) for f in info.fields)
+        return any(_holds_kind(f.type, kinds, seen) for f in info.fields)
     inner = [getattr(info, name, None) for name in ("item_type", "key_type", "value_type", "type")]
     inner += [*getattr(info, "types", ()), *getattr(info, "item_types", ())]
-    return any(_holds_set(t, seen) for t in inner if isinstance(t, inspect.Type))
+    return any(_holds_kind(t, kinds, seen) for t in inner if isinstance(t, inspect.Type))
 
 
 def _sets_in_order(value: Any, built: Any) -> Any:

@@ -297,3 +297,21 @@ def test_a_type_tagged_by_text_that_is_not_ascii_decodes_in_a_fresh_process(
     event_type(accent)
     payload = msgspec.msgpack.encode({"type": "\u00e9v", "x": 1})  # as another process wrote
     assert codec.decode(tag, 1, payload) == accent(x=1)
+
+
+class _Foreign(Event, frozen=True, kw_only=True):
+    raw: msgspec.Raw
+    ext: msgspec.msgpack.Ext
+
+
+def test_raw_and_ext_fields_have_builtins_and_no_json_of_their_own() -> None:
+    """msgspec has no builtins for them (every read command was exit 70): a Raw field is
+    what it holds, an Ext its code and data; msgspec's JSON of such an event is not its
+    builtins' (a Raw written as it is, an Ext not at all), so readers take the long way."""
+    payload = msgspec.msgpack.encode(
+        {"type": "_Foreign", "raw": {"k": [1, 2]}, "ext": msgspec.msgpack.Ext(5, b"ab")}
+    )
+    event = msgspec.msgpack.decode(payload, type=_Foreign)
+    assert codec.to_builtins(event) == {"raw": {"k": [1, 2]}, "ext": {"code": 5, "data": "YWI="}}
+    assert not codec.json_as_builtins(_Foreign)
+    assert codec.json_as_builtins(LogNote)

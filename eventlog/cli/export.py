@@ -827,11 +827,12 @@ def _stale_tables(
     (files named like a table of a known event type, never the log read): loading `*.jsonl`
     read two logs."""
     stems = {table_stem(name) for name in written}
+    tables = {table_stem(name) for name in known}
     stale = sorted(
         path
         for path in output.glob(f"*{suffix}")
         if path.stem not in stems
-        and path.stem in {table_stem(name) for name in known}
+        and path.stem in tables
         and path.is_file()
         and log_file_at(target, path) is None
     )
@@ -937,12 +938,12 @@ def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
 def _direct(cls: type[Event]) -> bool:
     """Whether a type's events encode as their builtins do, each field by name and every
     field always there: not array_like; no default left out (omit_defaults) and no field
-    that may be UNSET (either moves the tag entry); no set anywhere (encoded, msgspec sorts
-    it; its builtins keep its order)."""
+    that may be UNSET (either moves the tag entry); its JSON that of its builtins (no set,
+    Raw or Ext: `codec.json_as_builtins`)."""
     config = cls.__struct_config__
     if config.omit_defaults or config.array_like or _may_be_unset(cls):
         return False
-    return not codec.holds_sets(cls)
+    return codec.json_as_builtins(cls)
 
 
 def _mentions(hint: Any, wanted: type) -> bool:

@@ -130,10 +130,10 @@ _tag_prefixes: dict[type[Event], bytes] = {}
 
 def _tag_prefix(cls: type[Event]) -> bytes:
     """How msgspec's JSON of an event of `cls` starts: `{"type":"Name"` (empty for a tag
-    field other than "type", or a type that may hold a set, which msgspec writes in its
-    iteration order: those take the long way)."""
+    field other than "type", or a type whose JSON is not its builtins' (a set, a Raw or Ext
+    field): those take the long way)."""
     config = cls.__struct_config__
-    fast = config.tag_field == "type" and not codec.holds_sets(cls)
+    fast = config.tag_field == "type" and codec.json_as_builtins(cls)
     prefix = b'{"type":' + LINE_ENCODER.encode(config.tag) if fast else b""
     _tag_prefixes[cls] = prefix
     return prefix
@@ -152,13 +152,15 @@ def write_json_line(out: bytearray, head: JsonHead, event: Event) -> bool:
     prefix = _tag_prefixes.get(cls)
     if prefix is None:
         prefix = _tag_prefix(cls)
+    if not prefix:  # before encoding: msgspec may not encode it at all (an Ext field)
+        return False
     start = len(out)
     LINE_ENCODER.encode_into(head, out, -1)
     out[-1:] = b',"data":'  # the head's closing brace
     data = len(out)
     LINE_ENCODER.encode_into(event, out, -1)
     after = data + len(prefix)
-    if not prefix or not out.startswith(prefix, data):
+    if not out.startswith(prefix, data):
         del out[start:]
         return False
     if out[after : after + 1] == b",":

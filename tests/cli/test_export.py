@@ -198,6 +198,29 @@ def test_a_field_named_like_the_envelope_gets_a_column_no_other_field_has() -> N
     }
 
 
+class _Foreign(Event, frozen=True, kw_only=True, tag="_Foreign"):
+    raw: msgspec.Raw
+    ext: msgspec.msgpack.Ext
+
+
+def test_raw_and_ext_fields_are_exported_as_what_they_hold(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their JSON came out as msgpack bytes or not at all (exit 70)."""
+    from eventlog import EventLog, events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Foreign", _Foreign)
+    raw = msgspec.Raw(msgspec.msgpack.encode({"k": [1, 2]}))
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Foreign(raw=raw, ext=msgspec.msgpack.Ext(5, b"ab"))])
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    (row,) = _read_table(tmp_path / "_Foreign.jsonl", "jsonl")
+    assert (row["raw"], row["ext"]) == ('{"k":[1,2]}', '{"code":5,"data":"YWI="}')
+    (record,) = _read_table(tmp_path / "records.jsonl", "jsonl")
+    assert record["data"] == '{"ext":{"code":5,"data":"YWI="},"raw":{"k":[1,2]}}'
+
+
 def _read_table(path: Path, fmt: str) -> list[dict[str, Any]]:
     """A table's rows, typed as Parquet has them (csv: ints back from text, empty as null)."""
     if fmt == "parquet":

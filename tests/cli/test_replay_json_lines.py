@@ -10,6 +10,7 @@ import sys
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 
 from eventlog.cli import views
@@ -71,6 +72,28 @@ def test_an_event_encoded_as_an_array_is_printed_by_its_fields_names(log_file: s
     table = cli("replay", log_file)
     assert table.exit_code == 0, table.stderr
     assert "count" in table.stdout
+
+
+class _Foreign(Event, frozen=True, kw_only=True, tag="_Foreign"):
+    raw: msgspec.Raw
+    ext: msgspec.msgpack.Ext
+
+
+def test_raw_and_ext_fields_are_printed_as_json(
+    log_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msgspec writes a Raw field's msgpack bytes as they are into JSON, and cannot write an
+    Ext: such a type takes the long way (the line was not JSON, or exit 70)."""
+    from eventlog import events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Foreign", _Foreign)
+    raw = msgspec.Raw(msgspec.msgpack.encode({"k": [1, 2]}))
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Foreign(raw=raw, ext=msgspec.msgpack.Ext(5, b"ab"))])
+    printed = replayed(log_file)
+    assert json.loads(printed)["data"] == {"raw": {"k": [1, 2]}, "ext": {"code": 5, "data": "YWI="}}
+    table = cli("replay", log_file)
+    assert table.exit_code == 0, table.stderr
 
 
 def test_odd_values_and_unknown_records_are_the_long_way_byte_for_byte(log_file: str) -> None:
