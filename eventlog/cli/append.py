@@ -9,6 +9,7 @@ Every line is validated before anything is written; then all lines go in one ato
 from __future__ import annotations
 
 import difflib
+import itertools
 import uuid
 from typing import Any, Literal
 
@@ -72,15 +73,26 @@ def parse_line(number: int, text: bytes) -> AppendRequest:
 
 
 def _convert(number: int, cls: type[Event], data: dict[str, Any]) -> Event:
-    tag_field = cls.__struct_config__.tag_field
-    unknown = sorted(set(data) - set(cls.__struct_fields__) - {tag_field})
+    """The event `data` gives, by its fields' encoded names (as `replay --json` prints
+    them; an array_like type's too), dict keys from JSON's text."""
+    config, names = cls.__struct_config__, cls.__struct_encode_fields__
+    unknown = sorted(set(data) - set(names) - {config.tag_field})
     if unknown:
         raise InvalidEventError(
             f"line {number}: {cls.__name__} has no field {unknown[0]!r} "
-            f"(fields: {', '.join(cls.__struct_fields__)})"
+            f"(fields: {', '.join(names)})"
         )
+    given: Any = data
+    if config.array_like:  # [tag, the values in field order]: none missing before the last
+        values = [data[n] for n in itertools.takewhile(data.__contains__, names)]
+        if len(values) < len(set(data) - {config.tag_field}):
+            raise InvalidEventError(
+                f"line {number}: {cls.__name__}: field {names[len(values)]!r} is missing, "
+                "and a field after it is given (its fields are stored in order)"
+            )
+        given = ([] if config.tag_field is None else [config.tag]) + values
     try:
-        return msgspec.convert(data, cls, strict=True)
+        return msgspec.convert(given, cls, strict=True, str_keys=True)
     except msgspec.ValidationError as exc:
         where = str(exc).replace("`$", "`data", 1)
         if " - at `" not in where:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 
-from eventlog import EventLog
+from eventlog import EventLog, events
 from eventlog.cli.times import format_ns
+from eventlog.events import Event
 from tests.cli.helpers import (
     ISO_NS,
     REPLAY_KEYS,
@@ -20,7 +22,7 @@ from tests.cli.helpers import (
     lines,
     query,
 )
-from tests.cli_vocabulary import CliMeasured, CliNote, CliRef
+from tests.cli_vocabulary import CliMeasured, CliNote, CliPacked, CliRef
 
 
 def test_append_then_replay_json_round_trips_every_field(log_file: str) -> None:
@@ -97,6 +99,40 @@ def test_append_then_replay_json_round_trips_every_field(log_file: str) -> None:
             ),
             CliNote(text="x"),
         ]
+
+
+class _Renamed(Event, frozen=True, kw_only=True, rename="camel", tag="_Renamed"):
+    first_field: int
+    by_id: dict[int, str] = msgspec.field(default_factory=dict)
+
+
+def test_what_replay_prints_appends_back_whatever_the_types_shape(
+    log_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fields by their encoded names (a renamed field), dict keys from JSON's text, an event
+    encoded as an array given by its fields' names: each was refused."""
+    monkeypatch.setitem(events._EVENT_TYPES, "_Renamed", _Renamed)
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Renamed(first_field=1, by_id={2: "b"}), CliPacked(count=3, unit="t")])
+        log.append("s", [CliPacked(count=4)])
+    printed = json_lines(cli("replay", log_file, "--json").stdout)
+    text = lines(*(line("t", p["type"], p["data"]) for p in printed))
+    appended = cli("append", log_file, input=text)
+    assert appended.exit_code == 0, appended.stderr
+    with EventLog.open(log_file, read_only=True) as log:
+        events_ = [r.event for r in log.read()]
+    assert events_[3:] == events_[:3]
+
+
+def test_an_event_encoded_as_an_array_cannot_skip_a_field_before_a_given_one(
+    log_file: str,
+) -> None:
+    result = cli("append", log_file, input=lines(line("t", "CliPacked", {"unit": "t"})))
+    assert result.exit_code == 2
+    assert "line 1: CliPacked: field 'count' is missing, and a field after it is given" in (
+        result.stderr
+    )
+    assert count(log_file) == 0
 
 
 def test_append_prints_one_line_per_event_with_seq_stream_and_version(log_file: str) -> None:
