@@ -214,7 +214,7 @@ def _foreign(value: Any) -> Any:
         return _raw_decoder.decode(value)
     if isinstance(value, msgspec.msgpack.Ext):
         return {"code": value.code, "data": value.data}
-    raise NotImplementedError(f"no builtins for {type(value).__name__}")
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
 
 
 _SETS = (msgspec.inspect.SetType, msgspec.inspect.FrozenSetType)

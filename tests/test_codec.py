@@ -315,3 +315,5 @@ def test_raw_and_ext_fields_have_builtins_and_no_json_of_their_own() -> None:
     assert codec.to_builtins(event) == {"raw": {"k": [1, 2]}, "ext": {"code": 5, "data": "YWI="}}
     assert not codec.json_as_builtins(_Foreign)
     assert codec.json_as_builtins(LogNote)
+    with pytest.raises(TypeError):  # any other value msgspec has no builtins for stays refused
+        codec.value_builtins([object()])

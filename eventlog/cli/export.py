@@ -391,9 +391,9 @@ class _Parquet:
 
 
 def _beyond_int64(column: str, columns: Columns) -> CliUsageError:
-    values, seqs = columns[column], columns["seq"]
+    values = columns[column]
     at = next(i for i, v in enumerate(values) if v is not None and not -(2**63) <= v < 2**63)
-    seq = seqs[at].as_py() if hasattr(seqs, "to_pylist") else seqs[at]
+    seq = columns["seq"][at].as_py()  # the envelope: converted to Arrow once per chunk
     return CliUsageError(
         f"seq {seq}: column {column} holds {values[at]}, beyond Parquet's 64-bit integers",
         hint="export with --format jsonl or csv, which keep any integer",
@@ -906,13 +906,13 @@ def typed_columns(cls: type[Event], events: Sequence[Event]) -> Columns:
     builtins (`codec.value_builtins` of the column: dict keys as text, sets in order), a
     default left out of the payload as its value, UNSET as null; nested values as JSON
     text."""
-    unset = _may_be_unset(cls)
+    unset, sets = _may_be_unset(cls), codec.holds_sets(cls)
     columns: Columns = {}
     for field, column, kind, _ in event_columns(cls):
         values = list(map(operator.attrgetter(field), events))
         if field in unset:
             values = [None if v is msgspec.UNSET else v for v in values]
-        built = codec.value_builtins(values, sets=codec.holds_sets(cls))
+        built = codec.value_builtins(values, sets=sets)
         columns[column] = json_texts(built) if kind == "json" else built
     return columns
 
