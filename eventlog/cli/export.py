@@ -927,7 +927,7 @@ def data_texts(cls: type[Event], events: Sequence[Event]) -> list[str | None]:
         entry, cut = _tag_entry(cls)
         try:
             joined = b"\n".join(map(_json.encode, events))  # compact JSON holds no raw newline
-        except TypeError:  # a dict keyed by other than text (sorted keys must be text)
+        except TypeError:  # a dict keyed by other than text, or an Ext held by an `Any` field
             joined = b""
         if joined and joined.count(entry) == len(events) and joined.isascii():
             return list(joined.replace(entry, cut).decode("ascii").split("\n"))

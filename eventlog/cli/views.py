@@ -146,7 +146,7 @@ def write_json_line(out: bytearray, head: JsonHead, event: Event) -> bool:
 
     The data is the event's own JSON less its type tag, which msgspec writes first, as
     `codec.to_builtins` drops it. False, with `out` as it was, when the event's JSON does not
-    start with that tag: the caller takes the long way.
+    start with that tag or cannot be written: the caller takes the long way.
     """
     cls = type(event)
     prefix = _tag_prefixes.get(cls)
@@ -158,7 +158,11 @@ def write_json_line(out: bytearray, head: JsonHead, event: Event) -> bool:
     LINE_ENCODER.encode_into(head, out, -1)
     out[-1:] = b',"data":'  # the head's closing brace
     data = len(out)
-    LINE_ENCODER.encode_into(event, out, -1)
+    try:
+        LINE_ENCODER.encode_into(event, out, -1)
+    except TypeError:  # a field typed Any holding what JSON cannot write (an Ext)
+        del out[start:]
+        return False
     after = data + len(prefix)
     if not out.startswith(prefix, data):
         del out[start:]

@@ -221,6 +221,28 @@ def test_raw_and_ext_fields_are_exported_as_what_they_hold(
     assert record["data"] == '{"ext":{"code":5,"data":"YWI="},"raw":{"k":[1,2]}}'
 
 
+class _Loose(Event, frozen=True, kw_only=True, tag="_Loose"):
+    value: Any
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_ext_held_by_a_field_typed_any_is_exported_as_what_it_holds(
+    fmt: str, log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its type says nothing of an Ext, so only the value can: the one-pass JSON gives way."""
+    from eventlog import EventLog, events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Loose", _Loose)
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Loose(value=msgspec.msgpack.Ext(5, b"ab")), _Loose(value=[1])])
+    result = cli("export", log_file, "--format", fmt, "-o", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    rows = _read_table(tmp_path / f"_Loose.{fmt}", fmt)
+    assert [row["value"] for row in rows] == ['{"code":5,"data":"YWI="}', "[1]"]
+    records = _read_table(tmp_path / f"records.{fmt}", fmt)
+    assert [r["data"] for r in records] == ['{"value":{"code":5,"data":"YWI="}}', '{"value":[1]}']
+
+
 def _read_table(path: Path, fmt: str) -> list[dict[str, Any]]:
     """A table's rows, typed as Parquet has them (csv: ints back from text, empty as null)."""
     if fmt == "parquet":

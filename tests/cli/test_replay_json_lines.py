@@ -96,6 +96,30 @@ def test_raw_and_ext_fields_are_printed_as_json(
     assert table.exit_code == 0, table.stderr
 
 
+class _Loose(Event, frozen=True, kw_only=True, tag="_Loose"):
+    value: Any
+
+
+def test_an_ext_held_by_a_field_typed_any_is_printed_as_json(
+    log_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The short way is chosen by the declared types, and `Any` may hold what msgspec's JSON
+    cannot write (exit 70): such a line falls back to the long way."""
+    from eventlog import events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Loose", _Loose)
+    with EventLog.open(log_file) as log:
+        log.append("s", [_Loose(value=msgspec.msgpack.Ext(5, b"ab")), _Loose(value=[1, "x"])])
+    printed = replayed(log_file)
+    assert [json.loads(line)["data"] for line in printed.splitlines()] == [
+        {"value": {"code": 5, "data": "YWI="}},
+        {"value": [1, "x"]},
+    ]
+    assert printed == the_long_way(log_file)
+    table = cli("replay", log_file)
+    assert table.exit_code == 0 and '{"code":5,"data":"YWI="}' in table.stdout, table.stderr
+
+
 def test_odd_values_and_unknown_records_are_the_long_way_byte_for_byte(log_file: str) -> None:
     measured: dict[str, Any] = {
         "name": 'quote " back\\slash \u00e9\u4e2d \U0001f600 \n tab\t',
