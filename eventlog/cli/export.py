@@ -542,7 +542,7 @@ class ChunkBuilder:
             if None in map(events.__getitem__, at):  # rows this program cannot read
                 for i in at:
                     if events[i] is None:
-                        data[i] = _raw_text(chunk[i][7])
+                        data[i] = _raw_text(chunk[i][7], name)
                 at = [i for i in at if events[i] is not None]
                 if not at:
                     continue
@@ -841,9 +841,9 @@ def _stale_tables(
     return stale
 
 
-def _raw_text(payload: bytes) -> str | None:
+def _raw_text(payload: bytes, type_name: str) -> str | None:
     """The `data` of a record whose event does not decode: its raw fields, if any."""
-    raw = raw_data(payload)
+    raw = raw_data(payload, type_name)
     return None if raw is None else json_text(raw)
 
 

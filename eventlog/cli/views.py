@@ -53,7 +53,7 @@ def view_record(record: Record, *, allow_unknown: bool, mark: Mark | None = None
     except SchemaError:
         if not allow_unknown:
             raise
-        data, unknown = raw_data(record.payload), True
+        data, unknown = raw_data(record.payload, record.type), True
     return _view(record, data, unknown, mark)
 
 
@@ -79,12 +79,16 @@ def _view(
     )
 
 
-def raw_data(payload: bytes) -> Any:
-    """A payload decoded without a schema, as JSON-friendly builtins (None if not msgpack)."""
+def raw_data(payload: bytes, type_name: str) -> Any:
+    """A payload decoded without a schema, as JSON-friendly builtins (None if not msgpack),
+    less its tag. With no class the tag field is unknown, but msgspec writes it first: the
+    first entry is the tag when it is named `type` or holds the record's type name."""
     try:
         data = codec.raw_fields(payload)
-        if isinstance(data, dict):
-            data.pop("type", None)
+        if isinstance(data, dict) and data:
+            key, value = next(iter(data.items()))
+            if key == "type" or value == type_name:
+                del data[key]
         return msgspec.to_builtins(data, str_keys=True)
     except (msgspec.DecodeError, TypeError, ValueError):
         return None

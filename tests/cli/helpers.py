@@ -78,11 +78,20 @@ def count(path: str) -> int:
     return int(query(path, "SELECT count(*) FROM events")[0][0])
 
 
-def insert_raw(path: str, stream: str, type_name: str, schema: int, data: dict[str, Any]) -> int:
-    """Append a record by hand with a correct chain value (as a newer program would)."""
+def insert_raw(
+    path: str,
+    stream: str,
+    type_name: str,
+    schema: int,
+    data: dict[str, Any],
+    *,
+    tag_field: str = "type",
+) -> int:
+    """Append a record by hand with a correct chain value (as a newer program would); its
+    payload is tagged first, as msgspec writes a struct."""
     head, previous = query(path, "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")[0]
     seq, event_id, recorded_at = head + 1, uuid.uuid4().bytes, 1_800_000_000_123_456_789
-    payload = msgspec.msgpack.encode({"type": type_name, **data})
+    payload = msgspec.msgpack.encode({tag_field: type_name, **data})
     chain = link(previous, seq, stream, 0, event_id, type_name, schema, recorded_at, payload)
     sql(
         path,
