@@ -341,9 +341,10 @@ def test_check_result_names_both_rollout_ids_of_a_stale_result(harness: Harness)
 
 @pytest.mark.parametrize(
     ("group_id", "index", "attempt"),
-    [("g1", 0, 0), ("step3-g2", 1, 4), ("a_g1", 12, 1), ("x-a1", 0, 2)],
+    [("g1", 0, 0), ("step3-g2", 1, 4), ("a_g1", 12, 1), ("x-a1", 0, 2), ("g\nnl", 0, 0)],
 )
 def test_a_rollout_id_parses_back_to_what_built_it(group_id: str, index: int, attempt: int) -> None:
+    """Whatever the group id holds: a line break is a stream name's character too."""
     rollout_id = rollout_id_for(group_id, index, attempt)
     assert parse_rollout_id(rollout_id) == (group_id, index, attempt)
 

@@ -20,6 +20,17 @@ def json_line(obj: object) -> str:
     return _json.encode(obj).decode()
 
 
+def printable(text: str) -> str:
+    """`text` as it is, or JSON-quoted when it holds a control character: a stored value must
+    not reach a terminal as an escape sequence, nor split a line of a table in a pipe."""
+    return text if text.isprintable() else json_line(text)
+
+
+def shown_ids(ids: Iterable[str]) -> str:
+    """Ids on one line, space-separated, each `printable`."""
+    return " ".join(map(printable, ids))
+
+
 class _OutputConsole(Console):
     """rich exits with status 1 when the reader of a pipe goes away (`... | head`); hand the
     BrokenPipeError to `eventlog`'s handler instead, which ends quietly with exit code 0."""

@@ -15,7 +15,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from eventlog.cli.output import json_line, stdout_console
+from eventlog.cli.output import json_line, printable, stdout_console
 from eventlog.cli.targets import open_log
 from eventlog.cli.times import format_ns
 from eventlog.log import EventLog
@@ -137,7 +137,7 @@ def stats(target: str, as_json: bool) -> None:
         table.add_column("records", justify="right")
         table.add_column("share", justify="right")
         for name, n in counts.most_common():
-            table.add_row(name, str(n), f"{100 * n / total:.1f}%")
+            table.add_row(printable(name), str(n), f"{100 * n / total:.1f}%")
         console.print()
         console.print(table)
     for section, report in found:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from eventlog import codec
-from eventlog.cli.output import json_line
+from eventlog.cli.output import json_line, printable
 from eventlog.cli.times import format_ns, short_time
 from eventlog.errors import SchemaError
 from eventlog.events import Event
@@ -204,12 +204,6 @@ def summary(data: Any) -> str:
         shown = value if isinstance(value, str) and value.isprintable() else json_line(value)
         parts.append(f"{key}={shown}")
     return " ".join(parts)
-
-
-def printable(text: str) -> str:
-    """`text` as it is, or JSON-quoted when it holds a control character: a stored value must
-    not reach a terminal as an escape sequence, nor split a record's line in a pipe."""
-    return text if text.isprintable() else json_line(text)
 
 
 class RecordLines:

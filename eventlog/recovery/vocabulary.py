@@ -72,12 +72,12 @@ class RolloutId(NamedTuple):
     attempt: int
 
 
-_ROLLOUT_ID = re.compile(r"^(?P<group>.+)_g(?P<index>\d+)(?:-a(?P<attempt>[1-9]\d*))?$")
+_ROLLOUT_ID = re.compile(r"(?P<group>.+)_g(?P<index>\d+)(?:-a(?P<attempt>[1-9]\d*))?", re.DOTALL)
 
 
 def parse_rollout_id(rollout_id: str) -> RolloutId | None:
     """Group, sibling and attempt of a rollout id built by `rollout_id_for`; None otherwise."""
-    match = _ROLLOUT_ID.match(rollout_id)
+    match = _ROLLOUT_ID.fullmatch(rollout_id)
     if match is None:
         return None
     parsed = RolloutId(match["group"], int(match["index"]), int(match["attempt"] or 0))

@@ -4,6 +4,7 @@ printed as `g8`, and `:fire:` as an emoji: the wrong id in an audit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,47 @@ def test_an_output_path_that_looks_like_markup_is_named_as_it_is(
     assert result.exit_code == 0, result.stderr
     assert out.exists()
     assert str(out) in result.stdout + result.stderr
+
+
+CONTROL = ["g\x1b[31mred", "g\nnl"]
+"""Group ids (and agent, task, worker names) holding an escape sequence or a line break: a
+stream name may hold any character but NUL, and what a log holds must not recolour the
+terminal of whoever audits it, nor split a line of a table."""
+
+
+@pytest.fixture
+def control_ids(tmp_path: Path) -> str:
+    h = open_harness(tmp_path / "run.db")
+    try:
+        for group_id in CONTROL:
+            h.reserve(group_id, n=1, agent="a\x1b[1mb", task="t\x1b]0;title\x07")
+            h.dispatch(group_id)
+            h.seal(group_id, 0)
+        h.checkpoint(1)
+    finally:
+        h.log.close()
+    return str(h.path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["state", "{log}"], CONTROL),
+        (["diff", "{log}", "0", "head"], CONTROL),
+        (["inspect", "group", "{log}", CONTROL[0]], CONTROL[:1]),
+        (["inspect", "rollout", "{log}", CONTROL[1] + "_g0"], CONTROL[1:]),
+        (["inspect", "step", "{log}", "1"], CONTROL),
+        (["replay", "{log}", "--group", CONTROL[0]], CONTROL[:1]),
+        (["stats", "{log}"], []),
+    ],
+)
+def test_ids_holding_control_characters_print_quoted_as_json_text(
+    control_ids: str, argv: list[str], shown: list[str]
+) -> None:
+    result = cli(*[a.format(log=control_ids) for a in argv])
+    assert result.exit_code == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert [g for g in CONTROL if json.dumps(g) in result.stdout] == shown
+    assert not any(g in result.stdout for g in CONTROL)
+    if argv[:2] == ["inspect", "group"] or argv[0] == "stats":  # the reservation's agent
+        assert json.dumps("a\x1b[1mb") in result.stdout, result.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from eventlog.errors import InputError
 from eventlog.log import EventLog
-from tests.cli.helpers import cli
+from tests.cli.helpers import append_notes, cli, insert_raw
 
 
 def test_stats_counts_records_per_type_and_stream_prefix(audit_log: str) -> None:
@@ -56,3 +56,17 @@ def test_a_failing_count_is_the_error_stats_reports(
     monkeypatch.setattr(EventLog, "read_rows", rows)
     result = cli("stats", audit_log)
     assert (result.exit_code, result.stderr) == (2, "error: the counts failed\n")
+
+
+def test_type_names_and_stream_prefixes_never_reach_the_terminal_as_control_codes(
+    log_file: str,
+) -> None:
+    """A stored name with an escape sequence or a newline is printed quoted (as `replay`
+    prints one): it must not recolour the terminal nor split a row of the table."""
+    append_notes(log_file, 1)
+    insert_raw(log_file, "odd\x1b[31m/1", "Cli\nGone", 1, {})
+    result = cli("stats", log_file)
+    assert result.exit_code == 0, result.stderr
+    assert "\x1b" not in result.stdout
+    assert '"odd\\u001b[31m"' in result.stdout and '"Cli\\nGone"' in result.stdout
+    assert json.loads(cli("stats", log_file, "--json").stdout)["types"]["Cli\nGone"] == 1

@@ -11,7 +11,7 @@ import click
 import msgspec
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import json_line, stdout_console
+from eventlog.cli.output import json_line, shown_ids, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog, decoded_all, point_seq
@@ -164,7 +164,7 @@ def diff(target: str, a: str, b: str, as_json: bool) -> None:
     ]
     for label, ids in rows:
         if ids:
-            console.print(f"{label} ({len(ids)}): {' '.join(ids)}")
+            console.print(f"{label} ({len(ids)}): {shown_ids(ids)}")
     if found.rows_cleared:
         console.print(f"rows cleared: {found.rows_cleared}")
     for seq in found.restores:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import json_line, stdout_console
+from eventlog.cli.output import json_line, printable, shown_ids, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.cli.views import RecordLines, json_object, view_decoded
 from eventlog.log import EventLog
@@ -90,10 +90,10 @@ def print_timeline(console: Console, run: RunLog, records: list[RecordedEvent]) 
 def _header(v: GroupView) -> list[str]:
     first = " · ".join(
         [
-            f"group {v.group_id}",
-            f"agent {v.agent_name or '-'}",
-            f"task {v.task_name or '-'}",
-            f"prompt {v.sample_id or '-'}",
+            f"group {printable(v.group_id)}",
+            f"agent {printable(v.agent_name or '-')}",
+            f"task {printable(v.task_name or '-')}",
+            f"prompt {printable(v.sample_id or '-')}",
             f"granularity {v.granularity or '?'}",
             f"{v.expected_generations or '?'} siblings",
         ]
@@ -108,7 +108,7 @@ def _header(v: GroupView) -> list[str]:
         for inc in found:
             state = "rolled back" if inc.rolled_back else "effective"
             lines.append(
-                f"{label} incarnation of this prompt: group {inc.group_id} "
+                f"{label} incarnation of this prompt: group {printable(inc.group_id)} "
                 f"(reserved at seq {inc.reserved_seq}, {state})"
             )
     return lines
@@ -123,10 +123,10 @@ def _attempt_cells(a: AttemptView) -> list[str]:
     return [
         str(a.generation_index),
         str(a.attempt),
-        a.rollout_id,
+        printable(a.rollout_id),
         a.verdict,
         a.why + (f" (+{a.stale_rejections} late)" if a.stale_rejections else ""),
-        a.worker or "-",
+        printable(a.worker or "-"),
         ",".join(str(w) for w in a.weight_versions) or "-",
         str(a.tokens),
         "-" if a.reward is None else f"{a.reward:g}",
@@ -236,7 +236,8 @@ def rollout(target: str, rollout_id: str, as_json: bool) -> None:
         return
     console = stdout_console()
     console.print(
-        f"rollout {rollout_id} · group {group_id} · sibling {attempt.generation_index} · "
+        f"rollout {printable(rollout_id)} · group {printable(group_id)} · "
+        f"sibling {attempt.generation_index} · "
         f"attempt {attempt.attempt} · {attempt.verdict} ({attempt.why})",
         style="bold",
     )
@@ -249,7 +250,7 @@ def rollout(target: str, rollout_id: str, as_json: bool) -> None:
         for name in ("staging key", "tokens", "fate"):
             rows.add_column(name, justify="right" if name == "tokens" else "left")
         for row in attempt.rows:
-            rows.add_row(row.key, str(row.tokens), row.fate)
+            rows.add_row(printable(row.key), str(row.tokens), row.fate)
         console.print(rows)
     console.print()
     console.print("timeline", style="bold")
@@ -387,7 +388,7 @@ def step_command(target: str, step: int, as_json: bool) -> None:
         ("finalized", view.groups_finalized),
         ("reserved", view.groups_reserved),
     ):
-        console.print(f"groups {label} ({len(groups)}): {' '.join(groups) or '-'}")
+        console.print(f"groups {label} ({len(groups)}): {shown_ids(groups) or '-'}")
     console.print(
         f"attempts: {view.attempts_dispatched} dispatched, {view.attempts_started} started, "
         f"{view.attempts_failed} failed, {view.attempts_retried} retried, "

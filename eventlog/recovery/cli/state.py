@@ -15,7 +15,7 @@ import click
 import msgspec
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import json_line, stdout_console
+from eventlog.cli.output import json_line, printable, shown_ids, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.log import EventLog
 from eventlog.recovery.checkpoint import fold_from_snapshot
@@ -143,7 +143,7 @@ def state(
     console = stdout_console()
     by_status = ", ".join(f"{n} {s}" for s, n in view.groups_by_status.items()) or "none"
     console.print(f"ledger at seq {seq}: {len(view.groups)} groups ({by_status})", style="bold")
-    replay = "; ".join(f"{s}: {' '.join(ids)}" for s, ids in view.replay.items()) or "empty"
+    replay = "; ".join(f"{s}: {shown_ids(ids)}" for s, ids in view.replay.items()) or "empty"
     console.print(f"replay buffer: {replay}")
     console.print(f"staging rows referenced by sealed attempts: {view.rows_referenced}")
     console.print(f"ledger digest: {view.digest}")
@@ -151,7 +151,7 @@ def state(
         return
     rows = [
         (
-            g.group_id,
+            printable(g.group_id),
             g.status,
             g.phase,
             "-" if g.target_step is None else str(g.target_step),

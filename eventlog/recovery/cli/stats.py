@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from eventlog.cli.output import Justify, print_table
+from eventlog.cli.output import Justify, print_table, printable
 from eventlog.cli.stats import make_stats
 from eventlog.log import EventLog
 from eventlog.recovery.cli.runlog import RunLog, audit_pass
@@ -90,7 +90,8 @@ def print_recovery(console: Console, recovery: AuditReport) -> None:
     table.add_column("gen p50 ms", justify="right")
     table.add_column("gen p90 ms", justify="right")
     for r in recovery.by_agent_task:
-        table.add_row(*_row((r.agent_name or "-", r.task_name or "-"), r))
+        names = (printable(r.agent_name or "-"), printable(r.task_name or "-"))
+        table.add_row(*_row(names, r))
     table.add_row(*_row(("all", ""), recovery.total), style="bold")
     console.print(table)
     if recovery.by_step:
