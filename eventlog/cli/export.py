@@ -64,6 +64,21 @@ ENVELOPE: list[tuple[str, ColumnKind]] = [
 BATCH = 10_000
 
 
+_TEXT_BUILTINS = (
+    msgspec.inspect.DateTimeType,
+    msgspec.inspect.DateType,
+    msgspec.inspect.TimeType,
+    msgspec.inspect.TimeDeltaType,
+    msgspec.inspect.UUIDType,
+    msgspec.inspect.DecimalType,
+    msgspec.inspect.BytesType,
+    msgspec.inspect.ByteArrayType,
+    msgspec.inspect.MemoryViewType,
+)
+"""Types whose builtins are text (ISO 8601, canonical UUID, the Decimal as written, base64):
+a text column a reader can cast, not that text quoted as JSON."""
+
+
 def _kind(info: msgspec.inspect.Type) -> tuple[ColumnKind, bool]:
     """The column kind of a field's type, and whether it may be null."""
     nullable = False
@@ -79,7 +94,7 @@ def _kind(info: msgspec.inspect.Type) -> tuple[ColumnKind, bool]:
         return "int", nullable
     if isinstance(info, msgspec.inspect.FloatType):
         return "float", nullable
-    if isinstance(info, msgspec.inspect.StrType):
+    if isinstance(info, (msgspec.inspect.StrType, *_TEXT_BUILTINS)):
         return "str", nullable
     if isinstance(info, msgspec.inspect.LiteralType | msgspec.inspect.EnumType):
         values = info.values if isinstance(info, msgspec.inspect.LiteralType) else info.cls

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime
+import decimal
 import enum
 import gc
 import hashlib
@@ -152,6 +154,51 @@ def test_unusual_field_types_are_exported_as_their_values(
     data = [r["data"] for r in _read_table(tmp_path / f"records.{fmt}", fmt)]
     assert data == ['{"counts":{"1":"a","2":"b"},"level":2,"lit":2,"maybe":3}', "{}", '{"n":7}']
     assert [r["n"] for r in _read_table(tmp_path / f"%records.{fmt}", fmt)] == [7]
+
+
+class _Stamped(Event, frozen=True, kw_only=True, tag="_Stamped"):
+    at: datetime.datetime
+    day: datetime.date
+    took: datetime.timedelta
+    ref: uuid.UUID
+    price: decimal.Decimal
+    blob: bytes | None = None
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_values_whose_builtins_are_text_are_text_columns_not_quoted_json(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """A datetime, date, duration, UUID, Decimal or bytes value is its builtins' text (ISO
+    8601, canonical, as written, base64): a string column a reader can cast, not `"..."`."""
+    from eventlog import EventLog, events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_Stamped", _Stamped)
+    stamped = _Stamped(
+        at=datetime.datetime(2026, 12, 3, 14, 5, 6, 7000, tzinfo=datetime.UTC),
+        day=datetime.date(2026, 12, 3),
+        took=datetime.timedelta(seconds=90),
+        ref=uuid.UUID(int=7),
+        price=decimal.Decimal("1.10"),
+        blob=b"ab",
+    )
+    with EventLog.open(log_file) as log:
+        log.append("s", [stamped])
+    result = cli("export", log_file, "--format", fmt, "-o", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    (row,) = _read_table(tmp_path / f"_Stamped.{fmt}", fmt)
+    fields = ("at", "day", "took", "ref", "price", "blob")
+    assert [row[f] for f in fields] == [
+        "2026-12-03T14:05:06.007000Z",
+        "2026-12-03",
+        "PT90S",
+        "00000000-0000-0000-0000-000000000007",
+        "1.10",
+        "YWI=",
+    ]
+    if fmt == "parquet":
+        schema = pq.read_schema(tmp_path / "_Stamped.parquet")
+        assert {f: str(schema.field(f).type) for f in fields} == dict.fromkeys(fields, "string")
 
 
 def test_an_integer_beyond_parquets_is_an_error_naming_its_seq_and_column(
