@@ -110,10 +110,10 @@ def _kind(info: msgspec.inspect.Type) -> tuple[ColumnKind, bool]:
 def event_columns(cls: type[Event]) -> list[tuple[str, str, ColumnKind, bool]]:
     """(field, column, kind, nullable) of each field of an event class, in declaration order;
     a field named like an envelope column gets the column `field_<name>` (more `field_`
-    while another field has that name)."""
+    while another field has that name). A type's table has no `type` column."""
     info = msgspec.inspect.type_info(cls)
     assert isinstance(info, msgspec.inspect.StructType)
-    envelope = {name for name, _ in ENVELOPE}
+    envelope = {name for name, _ in ENVELOPE} - {"type"}
     taken = envelope | {f.name for f in info.fields}
     unset = _may_be_unset(cls)
     columns = []

@@ -245,6 +245,26 @@ def test_a_field_named_like_the_envelope_gets_a_column_no_other_field_has() -> N
     }
 
 
+class _KindedType(Event, frozen=True, kw_only=True, tag_field="kind", tag="_KindedType"):
+    type: str
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_field_named_type_keeps_its_name_a_types_table_has_no_type_column(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Only a type tagged by another field can have one; it was renamed `field_type`."""
+    from eventlog import EventLog, events
+
+    monkeypatch.setitem(events._EVENT_TYPES, "_KindedType", _KindedType)
+    with EventLog.open(log_file) as log:
+        log.append("s", [_KindedType(type="t")])
+    result = cli("export", log_file, "--format", fmt, "-o", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    (row,) = _read_table(tmp_path / f"_KindedType.{fmt}", fmt)
+    assert row["type"] == "t" and "field_type" not in row
+
+
 class _Foreign(Event, frozen=True, kw_only=True, tag="_Foreign"):
     raw: msgspec.Raw
     ext: msgspec.msgpack.Ext
