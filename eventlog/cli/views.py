@@ -89,7 +89,7 @@ def raw_data(payload: bytes, type_name: str) -> Any:
             key, value = next(iter(data.items()))
             if key == "type" or value == type_name:
                 del data[key]
-        return msgspec.to_builtins(data, str_keys=True)
+        return codec.value_builtins(data, sets=False)
     except (msgspec.DecodeError, TypeError, ValueError):
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from tests.cli.helpers import REPLAY_KEYS, append_notes, cli, insert_raw, json_lines
@@ -108,6 +109,16 @@ def test_an_unknown_records_tag_is_left_out_by_its_value_not_by_the_name_type(
     insert_raw(log_file, "future2", "CliGone", 1, {"size": 4})
     shown = json_lines(cli("replay", log_file, "--json", "--allow-unknown").stdout)
     assert [obj["data"] for obj in shown[1:]] == [data, {"size": 4}]
+
+
+def test_an_unknown_record_holding_a_msgpack_extension_shows_its_code_and_data(
+    log_file: str,
+) -> None:
+    """As a known type's Ext field shows (its whole data was null)."""
+    append_notes(log_file, 1)
+    insert_raw(log_file, "future", "CliGone", 1, {"x": msgspec.msgpack.Ext(5, b"ab"), "n": 1})
+    shown = json_lines(cli("replay", log_file, "--json", "--allow-unknown").stdout)
+    assert shown[1]["data"] == {"x": {"code": 5, "data": "YWI="}, "n": 1}
 
 
 def test_a_future_schema_fails_replay_naming_seq_and_type_unless_allowed(log_file: str) -> None:
