@@ -60,8 +60,9 @@ class Selector(Protocol):
         """The click option; its values reach `select` one by one."""
         ...
 
-    def select(self, log: EventLog, value: str) -> Selection:
-        """The records one value of the option stands for (bad values raise InputError)."""
+    def select(self, log: EventLog, value: str, head: int) -> Selection:
+        """The records one value of the option stands for as of `head`, the command's one
+        read of it (bad values raise InputError)."""
         ...
 
 
@@ -186,6 +187,7 @@ def replay(
     marker = command.marker if isinstance(command, ReplayCommand) else None
     hide_marked = bool(extra.get(HIDE_MARKED, False))
     with open_log(target) as log:
+        head = log.head()  # read once: a writer may append while the command runs
         chosen = [
             (selector, value)
             for selector, name in selectors
@@ -196,7 +198,7 @@ def replay(
         single: dict[str, set[int]] = {}
         by_stream = bool(streams)
         for selector, value in chosen:
-            found = selector.select(log, value)
+            found = selector.select(log, value, head)
             if found.seq_range is not None:
                 low = max(low, found.seq_range[0])
                 end = found.seq_range[1]
@@ -209,7 +211,6 @@ def replay(
                     single.setdefault(stream, set()).update(seqs)
         wanted = sorted(whole | set(single)) if by_stream else None
         check_seq("until_seq", high)  # the log is read as of its head, never past this
-        head = log.head()
         last = head if high is None else min(high, head)
         if as_json and not by_stream:
             ranges = [(n, min(n + JSON_CHUNK - 1, last)) for n in range(low, last + 1, JSON_CHUNK)]

@@ -67,9 +67,10 @@ def tail(target: str, count: int, follow: bool, as_json: bool) -> None:
     """
     show = _printer(as_json)
     with open_log(target) as log:
-        start = max(log.head() - count + 1, 1)
+        head = log.head()
+        start = max(head - count + 1, 1)
         if not follow:
-            for record in log.read(start):
+            for record in log.read(start, head):  # not what is appended meanwhile
                 show(record)
             return
         try:

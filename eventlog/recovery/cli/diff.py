@@ -137,7 +137,8 @@ def diff(target: str, a: str, b: str, as_json: bool) -> None:
     e.g. `eventlog diff run.db checkpoint:1 checkpoint:2`.
     """
     with open_log(target) as log:
-        low, high = point_seq(log, a), point_seq(log, b)
+        run = RunLog(log)  # both points as of one head
+        low, high = point_seq(run, a), point_seq(run, b)
         if low > high:
             raise CliUsageError(f"{a} (seq {low}) comes after {b} (seq {high}): give A first")
         found = diff_points(log, low, high)

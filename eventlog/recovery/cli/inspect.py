@@ -314,7 +314,7 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
     work: Counter[str] = Counter()
     restores: list[dict[str, int]] = []
     records = rolled = 0
-    for rec in decoded_all(log.read_records(low, high)):
+    for rec in decoded_all(log.read_records(low, run.head if high is None else high)):
         ev, effective = rec.event, rec.seq not in run.skipped
         records += 1
         rolled += not effective

@@ -26,8 +26,8 @@ class GroupSelector:
             "the restores that rolled it back (repeatable).",
         )
 
-    def select(self, log: EventLog, value: str) -> Selection:
-        return group_selection(log, value)
+    def select(self, log: EventLog, value: str, head: int) -> Selection:
+        return group_selection(log, value, RunLog(log, until_seq=head))
 
 
 def _step(value: str, what: str) -> int:
@@ -50,8 +50,9 @@ class StepSelector:
             "progress: up to the head).",
         )
 
-    def select(self, log: EventLog, value: str) -> Selection:
-        return Selection(seq_range=RunLog(log).step_range(_step(value, "--step")))
+    def select(self, log: EventLog, value: str, head: int) -> Selection:
+        run = RunLog(log, until_seq=head)
+        return Selection(seq_range=run.step_range(_step(value, "--step")))
 
 
 class CheckpointSelector:
@@ -65,8 +66,9 @@ class CheckpointSelector:
             help="Only records up to and including the effective checkpoint of step N.",
         )
 
-    def select(self, log: EventLog, value: str) -> Selection:
-        return Selection(seq_range=(1, RunLog(log).checkpoint_seq(_step(value, "--checkpoint"))))
+    def select(self, log: EventLog, value: str, head: int) -> Selection:
+        run = RunLog(log, until_seq=head)
+        return Selection(seq_range=(1, run.checkpoint_seq(_step(value, "--checkpoint"))))
 
 
 class RolledBackMarker:

@@ -102,8 +102,9 @@ class RunPicture:
 
 
 def gather(log: EventLog, run: RunLog) -> RunPicture:
+    """The run's picture as of the run's head."""
     pic = RunPicture()
-    head = log.head()
+    head = run.head
     if head == 0:
         raise CliUsageError("the log is empty: nothing to plot")
     ends = [row[6] for row in log.read_rows(1, 1)] + [row[6] for row in log.read_rows(head, head)]
@@ -519,8 +520,9 @@ def report_command(target: str, output: Path, jobs: int | None) -> None:
     refuse_writing_onto_log(target, output)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open_log(target))
-        painters = _painters(stack, log.head(), jobs)
-        pic = gather(log, RunLog(log))
+        run = RunLog(log)  # the one head read: a writer may append meanwhile
+        painters = _painters(stack, run.head, jobs)
+        pic = gather(log, run)
         if pic.stats is None or not pic.stats.by_agent_task:
             raise CliUsageError(f"{shown_target(target)}: no rollout-recovery records to plot")
         drawn = None if painters is None else painters.map([(n, pic) for n, _ in PLOTS])

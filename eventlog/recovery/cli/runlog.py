@@ -102,11 +102,9 @@ class RunLog:
     def __init__(self, log: EventLog, *, until_seq: int | None = None) -> None:
         self.log = log
         self.head = log.head() if until_seq is None else min(until_seq, log.head())
-        self.controller = [
-            r
-            for r in decoded_all(log.read_records(streams=[CONTROLLER_STREAM]))
-            if r.seq <= self.head
-        ]
+        self.controller = list(
+            decoded_all(log.read_records(1, self.head, streams=[CONTROLLER_STREAM]))
+        )
         self.skipped: RolledBack = rolled_back(self.controller)
         self.restores: list[tuple[RecordedEvent, RolledBack]] = [
             (r, rolled_back([r])) for r in self.controller if isinstance(r.event, RestoreStarted)
@@ -153,12 +151,8 @@ class RunLog:
         ends: dict[int, int] = {}
         for seq, ev in self.checkpoints:
             ends[ev.step] = max(ends.get(ev.step, 0), seq)
-        for rec in decoded_all(self.log.read_records(streams=[REPLAY_STREAM])):
-            if (
-                rec.seq <= self.head
-                and rec.seq not in self.skipped
-                and isinstance(rec.event, ReplayConsumed)
-            ):
+        for rec in decoded_all(self.log.read_records(1, self.head, streams=[REPLAY_STREAM])):
+            if rec.seq not in self.skipped and isinstance(rec.event, ReplayConsumed):
                 ends[rec.event.step] = max(ends.get(rec.event.step, 0), rec.seq)
         ordered: list[tuple[int, int]] = []
         for step, seq in sorted(ends.items()):
@@ -233,8 +227,9 @@ def require_group(log: EventLog, group_id: str) -> None:
         )
 
 
-def group_selection(log: EventLog, group_id: str, run: RunLog | None = None) -> Selection:
-    """Every record about group G wherever it lives, as a replay selection.
+def group_selection(log: EventLog, group_id: str, run: RunLog) -> Selection:
+    """Every record about group G wherever it lives, as a replay selection, as of the run's
+    head.
 
     Its stream; the attempt streams of every rollout id it named; the replay stream's records
     naming it (selected, released, consumed = trained, evicted); the controller's records
@@ -242,18 +237,18 @@ def group_selection(log: EventLog, group_id: str, run: RunLog | None = None) -> 
     """
     require_group(log, group_id)
     stream = group_stream(group_id)
+    head = run.head
     rollout_ids: set[str] = set()
-    for record in log.read_records(streams=[stream]):
+    for record in log.read_records(1, head, streams=[stream]):
         _collect(_raw(record), "rollout_id", rollout_ids)
     streams = [stream, *(attempt_stream(rid) for rid in sorted(rollout_ids))]
     single: dict[str, set[int]] = {}
-    for raw in log.read_records(streams=[REPLAY_STREAM]):
+    for raw in log.read_records(1, head, streams=[REPLAY_STREAM]):
         groups: set[str] = set()
         _collect(_raw(raw), "group_ids", groups)
         if group_id in groups:
             single.setdefault(REPLAY_STREAM, set()).add(raw.seq)
-    run = run if run is not None else RunLog(log)
-    own_seqs = [r.seq for r in log.read_records(streams=streams)]
+    own_seqs = [r.seq for r in log.read_records(1, head, streams=streams)]
     controller: set[int] = set()
     restored_from: set[int] = set()
     for rec in run.controller:
@@ -283,7 +278,7 @@ def about_group(log: EventLog, group_id: str, run: RunLog) -> list[RecordedEvent
     whole = set(selection.streams)
     return [
         rec
-        for rec in decoded_all(log.read_records(streams=wanted))
+        for rec in decoded_all(log.read_records(1, run.head, streams=wanted))
         if rec.stream in whole or rec.seq in selection.seqs.get(rec.stream, ())
     ]
 
@@ -304,7 +299,9 @@ def incarnations(
     """Other groups reserved for the same prompt: (group id, seq, rolled back), earlier and
     later. Only the windows a rollback could link are read: the rolled-back ranges before
     the group's reservation, and the log after the restore that rolled it back."""
-    own = list(log.read_records(streams=[group_stream(group_id)], types=["GroupReserved"]))
+    own = list(
+        log.read_records(1, run.head, streams=[group_stream(group_id)], types=["GroupReserved"])
+    )
     if not own:
         return [], []
     prompt = _prompt_of(own[-1])
@@ -313,7 +310,7 @@ def incarnations(
         (low, high) for low, high in run.skipped.ranges if high < seq
     ]
     by = run.rolled_back_by(seq)
-    windows_after: list[tuple[int, int | None]] = [(by, None)] if by is not None else []
+    windows_after: list[tuple[int, int | None]] = [(by, run.head)] if by is not None else []
 
     def scan(windows: list[tuple[int, int | None]]) -> list[tuple[str, int, bool]]:
         found = []
@@ -327,9 +324,9 @@ def incarnations(
     return scan(windows_before), scan(windows_after)
 
 
-def point_seq(log: EventLog, text: str) -> int:
-    """A point in the log: a seq, `step:N` (the end of step N), `checkpoint:N` or `head`."""
-    run = RunLog(log)
+def point_seq(run: RunLog, text: str) -> int:
+    """A point in the log as of the run's head: a seq, `step:N` (the end of step N),
+    `checkpoint:N` or `head`."""
     kind, _, number = text.partition(":")
     if text == "head":
         return run.head

@@ -111,10 +111,10 @@ def chosen_point(log: EventLog, at: int | None, step: int | None, checkpoint: in
             f"give one of --at, --step, --checkpoint (got {', '.join(n for n, _ in named)})"
         )
     if not named:
-        return point_seq(log, "head")
+        return point_seq(RunLog(log), "head")
     name, value = named[0]
     kind = {"--at": "seq", "--step": "step", "--checkpoint": "checkpoint"}[name]
-    return point_seq(log, f"{kind}:{value}")
+    return point_seq(RunLog(log), f"{kind}:{value}")
 
 
 @click.command()

@@ -29,17 +29,21 @@ class RecoverySection:
     key = "recovery"
 
     def __init__(self, log: EventLog) -> None:
-        run = RunLog(log)
-        self._state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
+        self._state: AuditState | None = None
         self._types: set[str] = set()
 
     def read(self, log: EventLog, head: int) -> None:
-        """One pass in seq order; only the types the fold reads are decoded (the most
-        frequent ones as views of the fields it reads), in `fold_rows`' one loop."""
+        """One pass in seq order, the controller stream read as of the same head; only the
+        types the fold reads are decoded (the most frequent ones as views of the fields it
+        reads), in `fold_rows`' one loop."""
+        run = RunLog(log, until_seq=head)
+        self._state = AuditState(skipped=run.skipped, step_ends=run.step_ends())
         audit_pass(log, self._state, head, "stats", seen=self._types)
 
     def report(self) -> AuditReport | None:
-        return report(self._state) if RECOVERY_TYPES & self._types else None
+        if self._state is None or not RECOVERY_TYPES & self._types:
+            return None
+        return report(self._state)
 
     def print(self, console: Console, found: object) -> None:
         assert isinstance(found, AuditReport)
