@@ -165,9 +165,10 @@ def test_the_payload_read_of_audits_raises_damaged_record_error_with_the_seq(
     path = tmp_path / "log.db"
     _tampered(path, edit)
     with EventLog.open(path) as log:
-        with pytest.raises(DamagedRecordError) as caught:
-            list(log.read_payloads())
-        assert (caught.value.seq, caught.value.column) == (BAD_SEQ, column)
+        for read_ahead in (False, True):
+            with pytest.raises(DamagedRecordError) as caught:
+                list(log.read_payloads(page_size=2, read_ahead=read_ahead))
+            assert (caught.value.seq, caught.value.column) == (BAD_SEQ, column)
         assert [row[0] for row in log.read_payloads(until_seq=BAD_SEQ - 1)] == [1, 2]
 
 
