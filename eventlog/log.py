@@ -51,8 +51,8 @@ MAX_STREAM_LENGTH = 512
 def resolve_url(target: str | Path) -> sa.URL:
     """A SQLAlchemy URL for a file path or a URL; PostgreSQL always goes through psycopg 3."""
     text = str(target)
-    if "://" not in text:
-        return sa.make_url(f"sqlite:///{Path(text).expanduser().resolve()}")
+    if "://" not in text:  # a path, not a URL: `%20`, `?` and `#` are part of its name
+        return sa.URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
     try:
         url = sa.make_url(text)
         url.port  # noqa: B018  (a port that is not a number raises here, not at connect)

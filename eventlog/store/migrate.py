@@ -37,12 +37,11 @@ def migrations_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "migrations"
 
 
-def _config(engine: Engine) -> Config:
+def _config() -> Config:
     from alembic.config import Config
 
-    config = Config()
+    config = Config()  # no URL: every migration runs on the connection handed over
     config.set_main_option("script_location", str(migrations_dir()))
-    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
     return config
 
 
@@ -50,7 +49,7 @@ def head_revision(engine: Engine) -> str:
     """The newest revision this program knows."""
     from alembic.script import ScriptDirectory
 
-    head = ScriptDirectory.from_config(_config(engine)).get_current_head()
+    head = ScriptDirectory.from_config(_config()).get_current_head()
     assert head is not None
     return head
 
@@ -67,7 +66,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database up to `revision` (one process at a time: see `_serialized`)."""
     from alembic import command
 
-    config = _config(engine)
+    config = _config()
     with engine.begin() as conn:
         _serialized(conn)
         config.attributes["connection"] = conn
@@ -78,7 +77,7 @@ def downgrade(engine: Engine, revision: str) -> None:
     """Migrate the database down to `revision` (`base` removes every table)."""
     from alembic import command
 
-    config = _config(engine)
+    config = _config()
     with engine.begin() as conn:
         _serialized(conn)
         config.attributes["connection"] = conn
@@ -91,7 +90,7 @@ def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str |
     from alembic import command
     from alembic.runtime.migration import MigrationContext
 
-    config = _config(engine)
+    config = _config()
     with translating(target), engine.begin() as conn:
         _serialized(conn)
         before = MigrationContext.configure(conn).get_current_revision()
@@ -117,7 +116,7 @@ def known_revisions(engine: Engine) -> set[str]:
     """Every revision this program's migrations define."""
     from alembic.script import ScriptDirectory
 
-    return {rev.revision for rev in ScriptDirectory.from_config(_config(engine)).walk_revisions()}
+    return {rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()}
 
 
 def refuse_foreign_or_newer(engine: Engine, *, target: str, current: str | None) -> None:
@@ -170,7 +169,7 @@ def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
                     return
                 _refuse_foreign_or_newer(conn, engine, target=target, current=current)
                 if current is None:
-                    config = _config(engine)
+                    config = _config()
                     config.attributes["connection"] = conn
                     command.upgrade(config, "head")
                     return

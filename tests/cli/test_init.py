@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.cli.helpers import append_notes, cli, count, query
 
 
@@ -26,3 +28,18 @@ def test_init_refuses_a_folder_that_does_not_exist(tmp_path: Path) -> None:
     result = cli("init", str(tmp_path / "nope" / "run.db"))
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["y%20y.db", "q?.db", "h#x.db", "a%b.db"])
+def test_a_log_path_is_that_file_whatever_url_syntax_its_name_holds(
+    tmp_path: Path, name: str
+) -> None:
+    """A path is not a URL: `y%20y.db` opened `y y.db`, `q?.db` created `q`, and a `%` or
+    `#` failed the schema migration (exit 70)."""
+    path = str(tmp_path / name)
+    assert cli("init", path).exit_code == 0
+    append_notes(path, 2)
+    assert {p.name for p in tmp_path.iterdir()} <= {name, f"{name}-wal", f"{name}-shm"}
+    shown = cli("replay", path, "--json")
+    assert shown.exit_code == 0 and len(shown.stdout.splitlines()) == 2, shown.stderr
+    assert count(path) == 2
