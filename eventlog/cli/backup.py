@@ -8,19 +8,23 @@ The SQLite copy is verified and its anchor printed; keep the anchor: `eventlog v
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from eventlog.cli.exits import CliUsageError, ExitCode
-from eventlog.cli.targets import open_log, shown_target
+from eventlog.cli.targets import open_log, shown_target, writing_output
 
 
 @click.command()
 @click.argument("target")
-@click.argument("dest", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("dest", type=click.Path(dir_okay=False))
 @click.pass_context
-def backup(ctx: click.Context, target: str, dest: Path) -> None:
+def backup(ctx: click.Context, target: str, dest: str) -> None:
     """Copy TARGET's log to DEST (a new file), consistently, while writers go on.
 
     \b
@@ -29,19 +33,22 @@ def backup(ctx: click.Context, target: str, dest: Path) -> None:
       createdb NEW && pg_restore --no-owner --dbname=postgresql://.../NEW DEST
     then check the restore: eventlog verify postgresql://.../NEW --anchor SEQ:CHAIN
     """
-    if dest.exists():
+    if not dest:  # Path("") is ".", which "already exists"
+        raise CliUsageError("DEST is empty: name the new file to write the backup to")
+    copy_to = Path(dest)
+    if copy_to.exists():
         raise CliUsageError(f"{dest}: already exists; a backup never overwrites a file")
-    if not dest.parent.is_dir():
-        raise CliUsageError(f"{dest}: folder {dest.parent} does not exist")
-    with open_log(target) as log:
+    if not copy_to.parent.is_dir():
+        raise CliUsageError(f"{dest}: folder {copy_to.parent} does not exist")
+    with open_log(target) as log, _staged(copy_to) as staged:
         # Taken before the copy: records are only appended, so the copy holds this anchor.
         seq, chain = log.tail_chain()
-        log.backup(dest)
+        log.backup(staged)
     anchor = f"{seq}:{chain.hex()}"
     if "://" in target:
         click.echo(f"{dest}: pg_dump archive of {shown_target(target)}; anchor {anchor}")
         return
-    with open_log(str(dest)) as copy:
+    with open_log(dest) as copy:
         report = copy.verify()
         held = next(iter(copy.read_records(seq, seq)), None) if seq else None
     if not report.ok or (seq and (held is None or held.chain != chain)):
@@ -54,3 +61,18 @@ def backup(ctx: click.Context, target: str, dest: Path) -> None:
         f"{dest}: {report.records} records, head seq {report.head}, anchor {anchor} "
         f"(check a restore with `eventlog verify COPY --anchor {anchor}`)"
     )
+
+
+@contextmanager
+def _staged(dest: Path) -> Iterator[Path]:
+    """Where to copy: a new folder beside DEST, so a copy that fails leaves nothing behind
+    and one that completes takes DEST's name in one rename. A DEST that cannot be written is
+    one line naming it (the driver's error named the source log)."""
+    with writing_output(dest):
+        folder = Path(tempfile.mkdtemp(prefix=".eventlog-backup-", dir=dest.parent))
+    try:
+        yield folder / dest.name
+        with writing_output(dest):
+            (folder / dest.name).rename(dest)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

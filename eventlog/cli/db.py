@@ -19,8 +19,15 @@ def db() -> None:
     """The log's schema revision: current, upgrade, downgrade; PostgreSQL roles: grant."""
 
 
+_REVISIONS = "a revision id such as 0001, head, base, or a relative step such as +1 or -1"
+
+
 def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, str | None]:
     """Move TARGET's schema to `revision`; returns (before, after)."""
+    if not revision.rpartition("@")[2].strip():
+        # alembic asserts (exit 70) on an empty revision id, also one after `branch@`
+        named = "--revision" if direction == "upgrade" else "REVISION"
+        raise CliUsageError(f"{named} {revision!r}: empty revision; expected {_REVISIONS}")
     shown = shown_target(target)
     store = open_store(run_target(target))
     try:
@@ -29,6 +36,10 @@ def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, st
         )
     except CommandError as exc:
         raise LogRevisionError(f"{shown}: cannot {direction} to {revision!r}: {exc}") from exc
+    except AssertionError as exc:  # alembic's answer to a step past the ends, e.g. head+1
+        raise LogRevisionError(
+            f"{shown}: cannot {direction} to {revision!r}: no such revision"
+        ) from exc
     finally:
         store.close()
     return before, after or None

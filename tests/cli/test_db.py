@@ -78,3 +78,25 @@ def test_db_downgrade_moves_the_revision_down(log_file: str) -> None:
     assert result.exit_code == 0
     assert result.stdout == f"{log_file}: downgraded {HEAD_REVISION} -> 0001\n"
     assert query(log_file, "SELECT version_num FROM alembic_version") == [("0001",)]
+
+
+def test_an_empty_revision_is_a_usage_error_naming_it(log_file: str) -> None:
+    for args, named in (
+        (["db", "upgrade", log_file, "--revision", ""], "--revision ''"),
+        (["db", "downgrade", log_file, ""], "REVISION ''"),
+        (["db", "downgrade", log_file, "0001@"], "REVISION '0001@'"),
+    ):
+        refused = cli(*args)
+        assert refused.exit_code == 2, args
+        assert refused.stderr.splitlines() == [
+            f"error: {named}: empty revision; expected a revision id such as 0001, head, "
+            "base, or a relative step such as +1 or -1"
+        ]
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
+def test_a_step_past_the_last_revision_is_a_revision_error_not_a_crash(log_file: str) -> None:
+    refused = cli("db", "upgrade", log_file, "--revision", "head+1")
+    assert refused.exit_code == 3
+    assert refused.stderr == f"error: {log_file}: cannot upgrade to 'head+1': no such revision\n"
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
