@@ -62,6 +62,13 @@ def resolve_url(target: str | Path) -> sa.URL:
         raise InputError(f"{text}: an SQLite URL needs a file (sqlite:///path/to/run.db)")
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
+    backend, _, driver = url.drivername.partition("+")
+    if driver and (backend, driver) not in (("sqlite", "pysqlite"), ("postgresql", "psycopg")):
+        # another driver's module may not even be installed (an import error, exit 70)
+        raise InputError(
+            f"{_without_password(text)}: driver {driver!r} is not supported "
+            "(use sqlite:///path or postgresql://, which goes through psycopg 3)"
+        )
     return url
 
 

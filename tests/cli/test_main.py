@@ -187,6 +187,10 @@ def test_the_commands_work_the_same_on_every_backend(log_target: str) -> None:
         ("sqlite://", "an SQLite URL needs a file"),
         ("://", "not a log location"),
         ("postgresql://u:secret@h:notaport/db", "not a log location"),
+        ("postgresql+asyncpg://u:secret@127.0.0.1:1/db", "driver 'asyncpg'"),
+        ("postgresql+psycopg2://u@127.0.0.1:1/db", "driver 'psycopg2'"),
+        ("sqlite+pysqlcipher:///x.db", "driver 'pysqlcipher'"),
+        ("mysql://u@h/db", "unsupported backend 'mysql'"),
     ],
 )
 def test_a_target_that_is_no_log_location_is_an_input_error(target: str, said: str) -> None:
