@@ -350,6 +350,11 @@ class EventLog:
         until = self.head() if until_seq is None else until_seq
         return self._store.read_payloads(from_seq, until, page_size, types, read_ahead=read_ahead)
 
+    def next_seq(self, from_seq: int, until_seq: int | None = None) -> int | None:
+        """The first seq at or after `from_seq` (up to `until_seq`, the head by default) that
+        the log holds; None past them."""
+        return self._store.next_seq(from_seq, self.head() if until_seq is None else until_seq)
+
     def counts(self, until_seq: int | None = None) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of the records up to `until_seq` (the
         head by default), counted by the database; a stream's kind is its name up to the

@@ -59,6 +59,27 @@ def _tampered(path: Path, edit: str) -> None:
     conn.close()
 
 
+def test_a_record_at_the_largest_seq_ends_a_full_page_and_the_read(tmp_path: Path) -> None:
+    """A damaged log whose newest record sits at seq 2**63 - 1: the page after a full one
+    ending there was asked for from seq 2**63 (OverflowError: exit 70 in verify, replay,
+    stats, backup); the read ends with it, and verify names the gap."""
+    path = tmp_path / "log.db"
+    _tampered(path, f"seq = {2**63 - 1}")
+    with EventLog.open(path, read_only=True) as log:
+        assert [row[0] for row in log.read_rows(page_size=2)] == [1, 2, 4, 5, 2**63 - 1]
+        for read_ahead in (False, True):
+            rows = log.read_payloads(page_size=5, read_ahead=read_ahead)
+            assert [row[0] for row in rows][-1] == 2**63 - 1
+        assert (log.next_seq(6), log.next_seq(1, 2), log.next_seq(2**63 - 1, 2**63 - 1)) == (
+            2**63 - 1,
+            1,
+            2**63 - 1,
+        )
+        assert log.next_seq(6, 2**62) is None
+    result = cli("verify", str(path))
+    assert result.exit_code == 1 and "gap" in result.stdout, result.output
+
+
 @pytest.mark.parametrize(("column", "edit", "named"), EDITS, ids=[e[1] for e in EDITS])
 def test_a_wrong_storage_type_is_named_by_seq_in_every_read_command(
     tmp_path: Path, column: str, edit: str, named: str

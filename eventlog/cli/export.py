@@ -44,7 +44,13 @@ from eventlog.cli.targets import (
 )
 from eventlog.cli.times import format_ns
 from eventlog.cli.views import Mark, raw_data
-from eventlog.cli.workers import Workers, jobs_for, jobs_option, portable_vocabulary
+from eventlog.cli.workers import (
+    Workers,
+    jobs_for,
+    jobs_option,
+    portable_vocabulary,
+    seq_chunks,
+)
 from eventlog.errors import EventLogError, SchemaError
 from eventlog.events import Event, event_types
 from eventlog.log import EventLog
@@ -653,9 +659,9 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         # the command's CPU.
         output.mkdir(parents=True, exist_ok=True)
         head = log.head()
-        ranges = [(low, min(low + BATCH - 1, head)) for low in range(1, head + 1, BATCH)]
+        most, ranges = seq_chunks(log, 1, head, BATCH)
         vocabulary = portable_vocabulary()
-        jobs = jobs_for(len(ranges), jobs)
+        jobs = jobs_for(most, jobs)
         records = make_table(output / f"records{suffix}", record_spec(mark_column))
         sinks: dict[str, _Sink] = {}
         with contextlib.ExitStack() as stack:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,14 @@ from eventlog.cli.views import (
     view_record,
     write_json_line,
 )
-from eventlog.cli.workers import Carried, Workers, jobs_for, jobs_option, portable_vocabulary
+from eventlog.cli.workers import (
+    Carried,
+    Workers,
+    jobs_for,
+    jobs_option,
+    portable_vocabulary,
+    seq_chunks,
+)
 from eventlog.errors import SchemaError
 from eventlog.log import EventLog
 from eventlog.store.base import RecordRow, check_seq, record_of_row
@@ -213,8 +221,9 @@ def replay(
         check_seq("until_seq", high)  # the log is read as of its head, never past this
         last = head if high is None else min(high, head)
         if as_json and not by_stream:
-            ranges = [(n, min(n + JSON_CHUNK - 1, last)) for n in range(low, last + 1, JSON_CHUNK)]
-            worker_count = jobs_for(len(ranges), jobs)
+            most, chunks = seq_chunks(log, low, last, JSON_CHUNK)
+            ranges, asked = itertools.tee(chunks)  # the second runs ahead by what is in flight
+            worker_count = jobs_for(most, jobs)
             vocabulary = portable_vocabulary()
             if worker_count > 1 and vocabulary is not None:
                 options = _JsonOptions(
@@ -232,7 +241,7 @@ def replay(
                     seq_progress("replay", low, last) as advance,
                     Workers(worker_count, vocabulary, setup, _json_range) as workers,
                 ):
-                    _print_json_chunks(zip(ranges, workers.map(ranges), strict=True), advance)
+                    _print_json_chunks(zip(ranges, workers.map(asked), strict=True), advance)
                 return
         mark_of = marker.marks(log, head) if marker is not None else None  # (workers read theirs)
         rows = log.read_rows(low, last, wanted, list(types) or None)  # as of the head, as marked

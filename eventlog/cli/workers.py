@@ -31,6 +31,7 @@ import click
 from eventlog import codec
 from eventlog.errors import EventLogError
 from eventlog.events import event_type
+from eventlog.log import EventLog
 
 MAX_JOBS = 8
 """Workers started by default on a large host: past this, the database's reads and the one
@@ -55,6 +56,28 @@ def default_jobs() -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
     return max(1, min(cpus, MAX_JOBS))
+
+
+def seq_chunks(
+    log: EventLog, low: int, last: int, size: int
+) -> tuple[int, Iterator[tuple[int, int]]]:
+    """The chunks of seqs low..last, `size` seqs each, made as they are taken, and how many
+    there are at most. Each starts at the next seq the log holds: seqs have no gaps, but a
+    damaged log may jump (a record at seq 2**63 - 1 made trillions of empty chunks, listed
+    up front until memory ran out)."""
+
+    def chunks() -> Iterator[tuple[int, int]]:
+        start = low
+        while start <= last:
+            found = log.next_seq(start, last)
+            if found is None:
+                return
+            start = found
+            high = min(start + size - 1, last)
+            yield start, high
+            start = high + 1
+
+    return max(0, -(-(last - low + 1) // size)), chunks()
 
 
 def jobs_for(chunks: int, requested: int | None) -> int:

@@ -840,23 +840,38 @@ class SqlStore:
         def page_at(seq: int) -> list[Any]:
             return self._fetch(sql, [seq, *params, page_size], seq, check)
 
+        last = MAX_SEQ if until_seq is None else until_seq
+
+        def more(page: list[Any]) -> bool:
+            """Whether a page may have one after it (no seq follows the largest one)."""
+            return len(page) == page_size and page[-1][0] < last
+
         if not read_ahead:
             next_seq = max(from_seq, 1)
             while True:
                 page = page_at(next_seq)
                 yield from page
-                if len(page) < page_size:
+                if not more(page):
                     return
                 next_seq = page[-1][0] + 1
         with ThreadPoolExecutor(1, "eventlog-read-ahead") as reader:
             coming = reader.submit(page_at, max(from_seq, 1))
             while True:
                 page = coming.result()
-                if len(page) == page_size:
+                if more(page):
                     coming = reader.submit(page_at, page[-1][0] + 1)
                 yield from page
-                if len(page) < page_size:
+                if not more(page):
                     return
+
+    def next_seq(self, from_seq: int, until_seq: int) -> int | None:
+        """The first seq in from_seq..until_seq the log holds, None if none: one index seek,
+        no row read (a damaged row is for its reader to name)."""
+        check_seq("from_seq", from_seq)
+        check_seq("until_seq", until_seq)
+        sql = self._sql("SELECT min(seq) FROM events WHERE seq >= {m} AND seq <= {m}")
+        ((found,),) = self._fetch(sql, [from_seq, until_seq], from_seq, tuple)
+        return None if found is None else int(found)
 
     def counts(self, until_seq: int) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of every record up to `until_seq`, in

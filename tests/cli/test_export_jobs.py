@@ -5,6 +5,7 @@ otherwise."""
 from __future__ import annotations
 
 import concurrent.futures.process
+import json
 import operator
 import os
 import pickle
@@ -45,6 +46,26 @@ def export(target: str, out: Path, fmt: str, jobs: int) -> str:
     result = cli("export", target, "--format", fmt, "-o", str(out), "--jobs", str(jobs))
     assert result.exit_code == 0, result.stderr
     return result.stdout
+
+
+def test_chunks_start_at_records_the_log_holds_across_a_gap(
+    log_file: str, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged log may jump seqs: no chunk is made for the empty span."""
+    append_notes(log_file, 12)
+    sql(log_file, "UPDATE events SET seq = 5000 WHERE seq = 12")
+    asked: list[tuple[int, int]] = []
+    chunk = workers.seq_chunks
+
+    def counted(*args: Any) -> tuple[int, Any]:
+        most, chunks = chunk(*args)
+        return most, (asked.append(c) or c for c in chunks)
+
+    monkeypatch.setattr("eventlog.cli.export.seq_chunks", counted)
+    export(log_file, tmp_path / "out", "jsonl", 2)
+    records = (tmp_path / "out" / "records.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in records] == [*range(1, 12), 5000]
+    assert asked == [(1, 5), (6, 10), (11, 15), (5000, 5000)]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])

@@ -80,6 +80,26 @@ def test_time_filters_and_steps_inside_the_run_print_what_one_process_prints(
     assert first and pools, "the step ranges went through workers"
 
 
+def test_chunks_start_at_records_the_log_holds_across_a_gap(
+    log_file: str, pools: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged log may jump seqs: its chunks skip the empty span (a record at seq
+    2**63 - 1 listed trillions of chunks up front, until memory ran out)."""
+    append_notes(log_file, 12)
+    sql(log_file, "UPDATE events SET seq = 5000 WHERE seq = 12")
+    asked: list[tuple[int, int]] = []
+    chunk = workers.seq_chunks
+
+    def counted(*args: Any) -> tuple[int, Any]:
+        most, chunks = chunk(*args)
+        return most, (asked.append(c) or c for c in chunks)
+
+    monkeypatch.setattr("eventlog.cli.replay.seq_chunks", counted)
+    lines = replay(log_file, "--jobs", "2")
+    assert [json.loads(line)["seq"] for line in lines.splitlines()] == [*range(1, 12), 5000]
+    assert asked == [(1, 5), (6, 10), (11, 15), (5000, 5000)] and pools == [2]
+
+
 def test_lines_stop_at_the_head_the_command_started_at(
     log_file: str, pools: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
