@@ -57,9 +57,15 @@ def test_chunks_start_at_records_the_log_holds_across_a_gap(
     asked: list[tuple[int, int]] = []
     chunk = workers.seq_chunks
 
-    def counted(*args: Any) -> tuple[int, Any]:
+    def counted(*args: Any) -> tuple[int, Iterator[tuple[int, int]]]:
         most, chunks = chunk(*args)
-        return most, (asked.append(c) or c for c in chunks)
+
+        def noted() -> Iterator[tuple[int, int]]:
+            for c in chunks:
+                asked.append(c)
+                yield c
+
+        return most, noted()
 
     monkeypatch.setattr("eventlog.cli.export.seq_chunks", counted)
     export(log_file, tmp_path / "out", "jsonl", 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +91,15 @@ def test_chunks_start_at_records_the_log_holds_across_a_gap(
     asked: list[tuple[int, int]] = []
     chunk = workers.seq_chunks
 
-    def counted(*args: Any) -> tuple[int, Any]:
+    def counted(*args: Any) -> tuple[int, Iterator[tuple[int, int]]]:
         most, chunks = chunk(*args)
-        return most, (asked.append(c) or c for c in chunks)
+
+        def noted() -> Iterator[tuple[int, int]]:
+            for c in chunks:
+                asked.append(c)
+                yield c
+
+        return most, noted()
 
     monkeypatch.setattr("eventlog.cli.replay.seq_chunks", counted)
     lines = replay(log_file, "--jobs", "2")
