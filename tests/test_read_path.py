@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -120,7 +120,7 @@ def test_a_read_ahead_gives_the_same_rows_with_pages_read_on_its_own_thread(
     assert len(threads) == 5 and all(t.startswith("eventlog-read-ahead") for t in threads)
     assert list(log.read_payloads(3, 9, types=["LogNote"], read_ahead=True)) == plain[2:9]
     threads.clear()
-    rows = log.read_payloads(page_size=7, read_ahead=True)
+    rows = cast(Generator[Any, None, None], log.read_payloads(page_size=7, read_ahead=True))
     assert next(rows) == plain[0]
     rows.close()
     assert len(threads) == 2  # the first page and the one read ahead, no more

@@ -76,7 +76,8 @@ def test_an_audit_reads_the_log_as_of_its_first_head(
     argv = COMMANDS[name]
     before = _copy(live, tmp_path / "before.db")
     expected_out, out = tmp_path / "expected", tmp_path / "out"
-    expected_out.mkdir(), out.mkdir()
+    expected_out.mkdir()
+    out.mkdir()
     expected = cli(*[a.format(log=before, out=expected_out) for a in argv])
     assert expected.exit_code == 0, expected.stderr
 
