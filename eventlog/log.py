@@ -341,14 +341,12 @@ class EventLog:
         *,
         types: Sequence[str] | None = None,
         page_size: int = 1000,
-        read_ahead: bool = False,
     ) -> Iterator[PayloadRow]:
         """(seq, type, schema, recorded_at, payload) of each record (of `types`, when given),
         in seq order, checked: for whole-log audits and rebuilds that read only these
-        (`codec.decode` turns a row's payload into its event). With `read_ahead`, the next
-        page is read on a thread meanwhile (for a fold that keeps one CPU busy)."""
+        (`codec.decode` turns a row's payload into its event)."""
         until = self.head() if until_seq is None else until_seq
-        return self._store.read_payloads(from_seq, until, page_size, types, read_ahead=read_ahead)
+        return self._store.read_payloads(from_seq, until, page_size, types)
 
     def next_seq(self, from_seq: int, until_seq: int | None = None) -> int | None:
         """The first seq at or after `from_seq` (up to `until_seq`, the head by default) that

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -97,33 +96,6 @@ def test_payload_reads_keep_only_the_types_asked_for_across_pages(log: EventLog)
     notes = list(log.read_payloads(types=["LogNote", "Nope"], page_size=2))
     assert [row[0] for row in notes] == [*range(1, 31), 38]
     assert list(log.read_payloads(types=[])) == []
-
-
-def test_a_read_ahead_gives_the_same_rows_with_pages_read_on_its_own_thread(
-    log: EventLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A whole-log fold asks for the next page while it folds this one (`read_ahead`): the
-    rows are those of a plain read, each page read once, on the read-ahead thread; closing
-    the read early leaves no page being read."""
-    from eventlog.store.base import SqlStore
-
-    threads: list[str] = []
-    fetch = SqlStore._fetch
-
-    def counted(self: SqlStore, *args: Any, **kwargs: Any) -> list[Any]:
-        threads.append(threading.current_thread().name)
-        return fetch(self, *args, **kwargs)
-
-    plain = list(log.read_payloads(page_size=7))
-    monkeypatch.setattr(SqlStore, "_fetch", counted)
-    assert list(log.read_payloads(page_size=7, read_ahead=True)) == plain
-    assert len(threads) == 5 and all(t.startswith("eventlog-read-ahead") for t in threads)
-    assert list(log.read_payloads(3, 9, types=["LogNote"], read_ahead=True)) == plain[2:9]
-    threads.clear()
-    rows = cast(Generator[Any, None, None], log.read_payloads(page_size=7, read_ahead=True))
-    assert next(rows) == plain[0]
-    rows.close()
-    assert len(threads) == 2  # the first page and the one read ahead, no more
 
 
 BAD_READS: dict[str, tuple[Callable[[EventLog], Iterable[object]], str]] = {

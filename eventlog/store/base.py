@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -774,27 +773,17 @@ class SqlStore:
         until_seq: int,
         page_size: int = 1000,
         types: Sequence[str] | None = None,
-        *,
-        read_ahead: bool = False,
     ) -> Iterator[PayloadRow]:
         """(seq, type, schema, recorded_at, payload) of the records in from_seq..until_seq
         (only those of `types`, when given), in seq order, checked: what a whole-log audit
         or a rebuild decodes, without the columns it does not read (a third fewer values for
-        the driver to build per record). With `read_ahead`, see `_by_seq`."""
+        the driver to build per record)."""
         check_seq("from_seq", from_seq)
         check_seq("until_seq", until_seq)
         if types is not None and not types:
             return
         yield from self._by_seq(
-            _SELECT_PAYLOADS,
-            from_seq,
-            until_seq,
-            None,
-            types,
-            None,
-            page_size,
-            _checked_payload,
-            read_ahead=read_ahead,
+            _SELECT_PAYLOADS, from_seq, until_seq, None, types, None, page_size, _checked_payload
         )
 
     def _by_seq(
@@ -807,16 +796,10 @@ class SqlStore:
         stream_prefix: str | None,
         page_size: int,
         check: Callable[[Sequence[Any]], Any] | None = None,
-        *,
-        read_ahead: bool = False,
     ) -> Iterator[Any]:
         """The rows of `select` (its first column the seq) from `from_seq` on that match
         the filters given, in seq order, `page_size` at a time: the one paging of
-        `read_rows` and `read_payloads`.
-
-        With `read_ahead`, the next page is read on a thread while the caller works through
-        this one: the driver steps through the database with the GIL released, so a whole-log
-        fold on one CPU gets the reading done on another."""
+        `read_rows` and `read_payloads`."""
         _check_page_size(page_size)
         where = [_SEQ_FROM]
         params: list[Any] = []
@@ -837,32 +820,16 @@ class SqlStore:
             params.append(stream_prefix)
         sql = self._sql(select + " WHERE " + " AND ".join(where) + _BY_SEQ, *lists)
 
-        def page_at(seq: int) -> list[Any]:
-            return self._fetch(sql, [seq, *params, page_size], seq, check)
-
         last = MAX_SEQ if until_seq is None else until_seq
-
-        def more(page: list[Any]) -> bool:
-            """Whether a page may have one after it (no seq follows the largest one)."""
-            return len(page) == page_size and page[-1][0] < last
-
-        if not read_ahead:
-            next_seq = max(from_seq, 1)
-            while True:
-                page = page_at(next_seq)
-                yield from page
-                if not more(page):
-                    return
-                next_seq = page[-1][0] + 1
-        with ThreadPoolExecutor(1, "eventlog-read-ahead") as reader:
-            coming = reader.submit(page_at, max(from_seq, 1))
-            while True:
-                page = coming.result()
-                if more(page):
-                    coming = reader.submit(page_at, page[-1][0] + 1)
-                yield from page
-                if not more(page):
-                    return
+        next_seq = max(from_seq, 1)
+        while True:
+            page = self._fetch(sql, [next_seq, *params, page_size], next_seq, check)
+            yield from page
+            # a short page is the last; no page follows the largest seq (a damaged log's
+            # record at 2**63 - 1 asked for one from a seq beyond SQL's integers)
+            if len(page) < page_size or page[-1][0] >= last:
+                return
+            next_seq = page[-1][0] + 1
 
     def next_seq(self, from_seq: int, until_seq: int) -> int | None:
         """The first seq in from_seq..until_seq the log holds, None if none: one index seek,
