@@ -13,6 +13,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, event
 
+from eventlog.errors import StorageUnavailableError
+
 Durability = Literal["full", "normal"]
 
 _INSERT = (
@@ -79,6 +81,8 @@ class SqliteDialect:
             # SQLite cannot open a WAL log read-only where it may not create the -shm index;
             # on a medium nobody can write, `immutable` is exact (no -wal to miss: checked).
             uri += "&immutable=1"
+        else:
+            _refuse_without_shm(self.path)
 
         def connect() -> sqlite3.Connection:
             return sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -199,6 +203,28 @@ def _on_read_only_medium(path: Path) -> bool:
         return read_only and not (wal.exists() and wal.stat().st_size > 0)
     except OSError:
         return False
+
+
+def _refuse_without_shm(path: Path) -> None:
+    """A WAL log with no -shm beside it, in a folder this user cannot write: SQLite would
+    have to create the -shm to read it and answers "attempt to write a readonly database",
+    which names no cause a reader can act on. Reading it as immutable instead is not safe:
+    the log's owner may start appending meanwhile."""
+    shm = path.with_name(path.name + "-shm")
+    try:
+        with path.open("rb") as file:
+            header = file.read(20)
+    except OSError:
+        return  # the driver names what is wrong with the file itself
+    wal_mode = len(header) == 20 and header[18:20] == b"\x02\x02"
+    if wal_mode and not shm.exists() and not os.access(path.parent, os.W_OK):
+        raise StorageUnavailableError(
+            f"{path}: cannot read this log here: SQLite reads a WAL log through its index "
+            f"{shm.name}, which is not there, and this user cannot create it in "
+            f"{path.parent}",
+            hint="audit a copy in a folder you can write (`cp` the log, and its -wal if there "
+            "is one), or audit as a user who may write that folder",
+        )
 
 
 def _switch_to_wal(cursor: sqlite3.Cursor, busy_ms: int) -> None:
