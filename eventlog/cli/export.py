@@ -36,6 +36,7 @@ from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import seq_progress, stdout_console
 from eventlog.cli.replay import Marker
 from eventlog.cli.targets import (
+    OutputPath,
     log_file_at,
     open_log,
     refuse_writing_onto_log,
@@ -619,7 +620,7 @@ def make_export(marker: Marker | None = None) -> ExportCommand:
     "--output",
     "output",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutputPath(file_okay=False, path_type=Path),
     help="Folder to write the tables into (created; existing tables are replaced).",
 )
 @jobs_option("Processes that decode records and build the tables while this one writes them", BATCH)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,11 +35,21 @@ def shown_target(target: str) -> str:
     return resolve_url(run_target(target)).render_as_string(hide_password=True)
 
 
+def _sqlite_file(target: str) -> Path | None:
+    """The file of an SQLite target, a path or an `sqlite:///` URL; None for a server."""
+    if not target:
+        raise CliUsageError("TARGET is empty: give a log file or a database URL")
+    if "://" not in target:
+        return Path(target).expanduser()
+    url = resolve_url(target)
+    return Path(url.database) if url.drivername.startswith("sqlite") and url.database else None
+
+
 def require_existing(target: str) -> None:
-    """Refuse a file path that does not exist, instead of creating an empty database there."""
-    if "://" in target:
+    """Refuse a file that does not exist, instead of creating an empty database there."""
+    path = _sqlite_file(target)
+    if path is None:
         return
-    path = Path(target).expanduser()
     if not path.exists():
         raise CliUsageError(
             f"{target}: no such file", hint=f"create a log with `eventlog init {target}`"
@@ -48,12 +59,26 @@ def require_existing(target: str) -> None:
 
 
 def require_parent(target: str) -> None:
-    """A new SQLite file needs its folder; say so instead of a driver error."""
-    if "://" in target:
+    """A new SQLite file needs its folder, and no folder of its name; say so instead of a
+    driver error."""
+    path = _sqlite_file(target)
+    if path is None:
         return
-    parent = Path(target).expanduser().resolve().parent
+    parent = path.resolve().parent
     if not parent.is_dir():
         raise CliUsageError(f"{target}: folder {parent} does not exist")
+    if path.is_dir():
+        raise CliUsageError(f"{target}: is a folder, not a log file")
+
+
+class OutputPath(click.Path):
+    """`click.Path` that refuses '' (an unset variable in a script): Path('') is the current
+    folder, where the command would have written."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("is empty", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 _SIDE_FILES = ("", "-wal", "-shm", "-journal")

@@ -369,6 +369,17 @@ def test_export_refuses_a_file_as_the_output_folder(run: AuditedRun, tmp_path: P
     assert "is a file" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_empty_output_folder_is_refused_not_taken_for_this_one(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-o ''` (an unset variable in a script) wrote the tables into the current folder."""
+    append_notes(log_file, 1)
+    monkeypatch.chdir(tmp_path)
+    result = cli("export", log_file, "-o", "")
+    assert result.exit_code == 2 and "is empty" in result.output
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("run.db")] == []
+
+
 UNREADABLE: dict[str, tuple[str, int, dict[str, Any], str]] = {
     "unknown type": ("CliVanished", 1, {"color": "red"}, '{"color":"red"}'),
     "newer schema": ("CliNote", 99, {"text": "v99", "n": 7}, '{"n":7,"text":"v99"}'),

@@ -200,6 +200,27 @@ def test_a_target_that_is_no_log_location_is_an_input_error(target: str, said: s
     assert "secret" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["info", ""], "TARGET is empty"),
+        (["init", "{dir}"], "is a folder, not a log file"),
+        (["init", "sqlite:///{dir}"], "is a folder, not a log file"),
+        (["info", "sqlite:///{dir}/missing.db"], "no such file"),
+        (["info", "sqlite:///{dir}"], "is a folder, not a log file"),
+    ],
+)
+def test_a_target_file_that_cannot_be_a_log_is_named_as_such(
+    tmp_path: Path, argv: list[str], said: str
+) -> None:
+    """An SQLite URL is checked as its path is (it was exit 6, "unable to open database
+    file" or "disk I/O error"), a folder is not a new log, an empty TARGET is named."""
+    result = cli(*[a.format(dir=tmp_path) for a in argv])
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_argument_that_is_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
     not_text = os.fsdecode(b"x\xff.db")  # what Python makes of such bytes in argv
     for argv in (["info", not_text], ["replay", str(tmp_path / "a.db"), "--group", not_text]):

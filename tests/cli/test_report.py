@@ -273,6 +273,13 @@ def test_a_report_path_that_cannot_be_written_is_one_line_naming_it(
     )
 
 
+def test_an_empty_report_path_is_refused(run: AuditedRun) -> None:
+    """Path('') is the current folder: `-o ''` (an unset variable in a script) failed only
+    when writing, naming '.'."""
+    result = cli("report", run.path, "-o", "")
+    assert result.exit_code == 2 and "is empty" in result.output
+
+
 def test_the_report_s_pass_runs_with_the_cyclic_collector_paused(
     run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,6 +23,7 @@ import click
 from eventlog.cli.exits import CliUsageError
 from eventlog.cli.output import stdout_console
 from eventlog.cli.targets import (
+    OutputPath,
     open_log,
     refuse_writing_onto_log,
     shown_target,
@@ -492,7 +493,7 @@ def render(target: str, pic: RunPicture, drawn: Iterable[str] | None = None) -> 
     "-o",
     "--output",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(dir_okay=False, path_type=Path),
     help="The HTML file to write.",
 )
 @click.option(
