@@ -16,6 +16,7 @@ from typing import Any, Literal
 import click
 import msgspec
 
+from eventlog import codec
 from eventlog.cli.output import json_line
 from eventlog.cli.targets import open_log, require_existing
 from eventlog.errors import InvalidEventError
@@ -58,6 +59,10 @@ def parse_line(number: int, text: bytes) -> AppendRequest:
             ),
         )
     event = _convert(number, cls, line.data)
+    try:  # what only encoding finds (an int beyond msgpack's): named by its line here
+        codec.encode(event)
+    except InvalidEventError as exc:
+        raise InvalidEventError(f"line {number}: {exc}") from exc
     if line.expected_version == "no_stream":
         expected: ExpectedVersion = NO_STREAM
     elif line.expected_version == "any":

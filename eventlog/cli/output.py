@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,23 @@ _json = msgspec.json.Encoder()
 
 def json_line(obj: object) -> str:
     return _json.encode(obj).decode()
+
+
+def nearest(wanted: str, valid: Iterable[str], n: int = 3) -> str:
+    """ "nearest: a, b, c" for an error message (close spellings first, else the first few)."""
+    choices = sorted(set(valid))
+    if not choices:
+        return "the log has none"
+    close = sorted(difflib.get_close_matches(wanted, choices, n=n, cutoff=0.5)) or choices[:n]
+    return "nearest: " + ", ".join(close)
+
+
+def nearest_numbers(wanted: int, valid: Iterable[int], n: int = 3) -> str:
+    choices = sorted(set(valid))
+    if not choices:
+        return "the log has none"
+    close = sorted(sorted(choices, key=lambda v: (abs(v - wanted), v))[:n])
+    return "nearest: " + ", ".join(str(v) for v in close)
 
 
 def printable(text: str) -> str:

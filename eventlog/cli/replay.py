@@ -19,7 +19,7 @@ import click
 
 from eventlog import codec
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import seq_progress, stderr_console, stdout_console
+from eventlog.cli.output import nearest, seq_progress, stderr_console, stdout_console
 from eventlog.cli.targets import open_log, run_target
 from eventlog.cli.times import format_ns, time_option
 from eventlog.cli.views import (
@@ -40,6 +40,7 @@ from eventlog.cli.workers import (
     seq_chunks,
 )
 from eventlog.errors import SchemaError
+from eventlog.events import event_types
 from eventlog.log import EventLog
 from eventlog.store.base import RecordRow, check_seq, record_of_row
 
@@ -196,6 +197,7 @@ def replay(
     hide_marked = bool(extra.get(HIDE_MARKED, False))
     with open_log(target) as log:
         head = log.head()  # read once: a writer may append while the command runs
+        _require_types(log, types)
         chosen = [
             (selector, value)
             for selector, name in selectors
@@ -269,6 +271,19 @@ def replay(
                 printer.flush()
         if printer.printed == 0:
             stderr_console().print("no records match")
+
+
+def _require_types(log: EventLog, types: Sequence[str]) -> None:
+    """A --type no program here knows and no record has is a misspelling, not an empty
+    answer ("no records match", exit 0, as for a group that is not in the log)."""
+    known = event_types()
+    for name in types:
+        if name not in known and log.last_seq([name]) == 0:
+            raise CliUsageError(
+                f"--type {name!r}: no event type of that name is known or in the log "
+                f"({nearest(name, known)})",
+                hint="a type defined by your code: import its module with --events-module",
+            )
 
 
 def _selected(

@@ -173,6 +173,10 @@ GOOD = line("s", "CliNote", {"text": "fine"})
             "line 2: Invalid UUID - at `$.event_id`",
         ),
         ('{"stream": "s", "typ": "CliNote"}', "line 2: Object contains unknown field `typ`"),
+        (
+            line("s", "CliNote", {"text": "a", "n": 2**64}),
+            "line 2: CliNote: can't serialize ints < -2**63 or > 2**64 - 1",
+        ),
     ],
 )
 def test_a_bad_line_appends_nothing_and_names_the_line_and_field(

@@ -61,8 +61,24 @@ def test_replay_table_shows_seq_stream_version_type_and_fields(audit_log: str) -
 
 
 def test_replay_with_no_match_says_so_on_stderr(audit_log: str) -> None:
-    result = cli("replay", audit_log, "--type", "Nothing")
+    result = cli("replay", audit_log, "--type", "CliKinded")  # known, none in the log
     assert (result.exit_code, result.stdout, result.stderr) == (0, "", "no records match\n")
+
+
+def test_a_type_nobody_knows_is_a_usage_error_naming_the_nearest(log_file: str) -> None:
+    """A misspelt --type matched nothing, exit 0, as if the log had none of it. A type only
+    the log knows (written by another program) is still selected."""
+    append_notes(log_file, 1)
+    result = cli("replay", log_file, "--type", "CliNoet")
+    assert result.exit_code == 2
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(
+        "error: --type 'CliNoet': no event type of that name is known or in the log (nearest: "
+    )
+    assert "CliNote" in first
+    seq = insert_raw(log_file, "future", "CliVanished", 1, {"color": "red"})
+    shown = cli("replay", log_file, "--type", "CliVanished", "--allow-unknown", "--json")
+    assert [obj["seq"] for obj in json_lines(shown.stdout)] == [seq]
 
 
 def test_replay_rejects_a_time_that_is_not_iso8601(audit_log: str) -> None:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import json_line, printable, shown_ids, stdout_console
+from eventlog.cli.output import json_line, nearest, printable, shown_ids, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.cli.views import RecordLines, json_object, view_decoded
 from eventlog.log import EventLog
@@ -27,7 +27,6 @@ from eventlog.recovery.cli.runlog import (
     about_group,
     decoded_all,
     incarnations,
-    nearest,
     require_group,
 )
 from eventlog.recovery.vocabulary import (

@@ -9,14 +9,13 @@ Which records count is `projections.history.rolled_back`'s answer; this module o
 from __future__ import annotations
 
 import bisect
-import difflib
 from collections.abc import Iterable, Iterator
 
 import msgspec
 
 from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import seq_progress
+from eventlog.cli.output import nearest, nearest_numbers, seq_progress
 from eventlog.cli.replay import Selection
 from eventlog.cli.views import Mark
 from eventlog.errors import FutureSchemaError, SchemaError, UnknownEventTypeError
@@ -77,23 +76,6 @@ def decoded_all(records: Iterable[Record]) -> Iterator[RecordedEvent]:
         found = decoded(record)
         if found is not None:
             yield found
-
-
-def nearest(wanted: str, valid: Iterable[str], n: int = 3) -> str:
-    """ "nearest: a, b, c" for an error message (close spellings first, else the first few)."""
-    choices = sorted(set(valid))
-    if not choices:
-        return "the log has none"
-    close = sorted(difflib.get_close_matches(wanted, choices, n=n, cutoff=0.5)) or choices[:n]
-    return "nearest: " + ", ".join(close)
-
-
-def nearest_numbers(wanted: int, valid: Iterable[int], n: int = 3) -> str:
-    choices = sorted(set(valid))
-    if not choices:
-        return "the log has none"
-    close = sorted(sorted(choices, key=lambda v: (abs(v - wanted), v))[:n])
-    return "nearest: " + ", ".join(str(v) for v in close)
 
 
 class RunLog:
