@@ -446,11 +446,12 @@ number of event types (each table also writes when it alone holds BATCH rows).""
 
 class _Sink:
     """A table and its pending parts (each one chunk's rows of this table), written a batch
-    at a time."""
+    at a time to `partial`, which takes the table's `path` once the export is whole."""
 
-    def __init__(self, table: Table, form: Format) -> None:
+    def __init__(self, table: Table, form: Format, partial: Path, path: Path) -> None:
         self.table = table
         self.form = form
+        self.partial, self.path = partial, path
         self.parts: list[Any] = []
         self.pending = 0
         self.count = 0
@@ -651,8 +652,12 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     mark_column = marker.column if marker is not None else None
 
     def make_table(path: Path, spec: Spec) -> _Sink:
-        refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
-        return _Sink(form.open(path, spec), form)
+        # Written beside its name and renamed once every table is whole: a failed export
+        # leaves no table in part, and an earlier export's tables as they were.
+        partial = path.with_name(f".{path.name}.partial")
+        for written in (path, partial):  # a table named like the log, or a hard link to it
+            refuse_writing_onto_log(target, written)
+        return _Sink(form.open(partial, spec), form, partial, path)
 
     with writing_output(output), open_log(target) as log, collector.paused(long=True):
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
@@ -683,10 +688,17 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
             try:
                 with seq_progress("export", 1, head) as advance:
                     pids = _write_chunks(chunks, records, sinks, make_table, output, advance)
-            finally:
                 for sink in [records, *sinks.values()]:
                     sink.flush()
                     sink.table.close()
+            except BaseException:
+                for sink in [records, *sinks.values()]:
+                    with contextlib.suppress(Exception):
+                        sink.table.close()
+                    sink.partial.unlink(missing_ok=True)
+                raise
+            for sink in [records, *sinks.values()]:
+                sink.partial.replace(sink.path)
     with writing_output(output):
         stale = _stale_tables(target, output, suffix, set(sinks), event_types())
     console = stdout_console()

@@ -211,12 +211,17 @@ def test_an_integer_beyond_parquets_is_an_error_naming_its_seq_and_column(
     with EventLog.open(log_file) as log:
         log.append("s", [_Shapes(big=1)])
         (seq,) = log.append("s", [_Shapes(big=2**64 - 1)]).seqs
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "records.parquet").write_bytes(b"an earlier export's table")
     result = cli("export", log_file, "-o", str(tmp_path / "p"))
     assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines()[0] == (
         f"error: seq {seq}: column big holds {2**64 - 1}, beyond Parquet's 64-bit integers"
     )
     assert "--format jsonl or csv" in result.stderr
+    # a failed export writes no table, whole or in part, and leaves the earlier ones be
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["records.parquet"]
+    assert (tmp_path / "p" / "records.parquet").read_bytes() == b"an earlier export's table"
     result = cli("export", log_file, "--format", "jsonl", "-o", str(tmp_path / "j"))
     assert result.exit_code == 0, result.stderr
     assert [r["big"] for r in _read_table(tmp_path / "j" / "_Shapes.jsonl", "jsonl")] == [
