@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from eventlog.records import RecordedEvent
 from eventlog.recovery.vocabulary import (
     CheckpointCommitted,
@@ -170,3 +172,13 @@ def test_an_unknown_step_group_or_checkpoint_is_one_line_naming_it_and_the_neare
         assert result.exit_code == 2, args
         assert result.stderr.splitlines()[0] == expected
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--step", "--checkpoint"])
+def test_two_steps_or_checkpoints_are_refused_not_narrowed_to_nothing(
+    run: AuditedRun, option: str
+) -> None:
+    """Ranges narrow: `--step 1 --step 2` printed nothing, exit 0."""
+    result = cli("replay", run.path, option, "1", option, "2")
+    assert result.exit_code == 2
+    assert "give one (got 1, 2)" in result.output and "--from-seq" in result.output

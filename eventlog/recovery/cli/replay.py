@@ -30,6 +30,17 @@ class GroupSelector:
         return group_selection(log, value, RunLog(log, until_seq=head))
 
 
+def _one(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """One step's records, or one checkpoint's: ranges narrow, so two selected nothing."""
+    if len(values) > 1:
+        raise click.BadParameter(
+            f"give one (got {', '.join(values)}); several steps' records are a seq range: "
+            "--from-seq and --until-seq",
+            param=param,
+        )
+    return values
+
+
 def _step(value: str, what: str) -> int:
     try:
         return int(value)
@@ -44,6 +55,7 @@ class StepSelector:
         return click.Option(
             ["--step", "steps"],
             multiple=True,
+            callback=_one,
             metavar="N",
             help="Only the records of step N: after step N-1 ended, up to and including where "
             "step N ended (its training or its checkpoint, whichever is later; the step in "
@@ -62,6 +74,7 @@ class CheckpointSelector:
         return click.Option(
             ["--checkpoint", "checkpoints"],
             multiple=True,
+            callback=_one,
             metavar="N",
             help="Only records up to and including the effective checkpoint of step N.",
         )
