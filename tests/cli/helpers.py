@@ -13,10 +13,12 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner, Result
 
@@ -106,6 +108,27 @@ def insert_raw(
 def append_notes(path: str, count_: int, stream: str = "s") -> None:
     text = lines(*(line(stream, "CliNote", {"text": f"n{i}", "n": i}) for i in range(count_)))
     assert cli("append", path, input=text).exit_code == 0
+
+
+def chunks_asked(monkeypatch: pytest.MonkeyPatch, module: str) -> list[tuple[int, int]]:
+    """The seq chunks `module` (replay or export) will make, each as it is taken."""
+    from eventlog.cli import workers
+
+    asked: list[tuple[int, int]] = []
+    chunk = workers.seq_chunks
+
+    def counted(*args: Any) -> tuple[int, Iterator[tuple[int, int]]]:
+        most, chunks = chunk(*args)
+
+        def noted() -> Iterator[tuple[int, int]]:
+            for c in chunks:
+                asked.append(c)
+                yield c
+
+        return most, noted()
+
+    monkeypatch.setattr(f"{module}.seq_chunks", counted)
+    return asked
 
 
 def run_installed(

@@ -27,7 +27,7 @@ from eventlog.errors import DamagedRecordError, EventLogError
 from eventlog.events import Event
 from tests.cli import worker_functions
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import append_notes, cli, insert_raw, line, lines, sql
+from tests.cli.helpers import append_notes, chunks_asked, cli, insert_raw, line, lines, sql
 from tests.cli_vocabulary import CliMeasured
 
 SMALL_BATCH = 5
@@ -54,20 +54,7 @@ def test_chunks_start_at_records_the_log_holds_across_a_gap(
     """A damaged log may jump seqs: no chunk is made for the empty span."""
     append_notes(log_file, 12)
     sql(log_file, "UPDATE events SET seq = 5000 WHERE seq = 12")
-    asked: list[tuple[int, int]] = []
-    chunk = workers.seq_chunks
-
-    def counted(*args: Any) -> tuple[int, Iterator[tuple[int, int]]]:
-        most, chunks = chunk(*args)
-
-        def noted() -> Iterator[tuple[int, int]]:
-            for c in chunks:
-                asked.append(c)
-                yield c
-
-        return most, noted()
-
-    monkeypatch.setattr("eventlog.cli.export.seq_chunks", counted)
+    asked = chunks_asked(monkeypatch, "eventlog.cli.export")
     export(log_file, tmp_path / "out", "jsonl", 2)
     records = (tmp_path / "out" / "records.jsonl").read_text().splitlines()
     assert [json.loads(line)["seq"] for line in records] == [*range(1, 12), 5000]

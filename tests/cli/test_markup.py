@@ -15,18 +15,26 @@ from tests.fixtures.ledger import open_harness
 ODD = ["g[/]7", "[red]g8", ":fire:"]
 
 
-@pytest.fixture
-def odd_ids(tmp_path: Path) -> str:
-    h = open_harness(tmp_path / "run.db")
+def _run_of(
+    path: Path, group_ids: list[str], agent: str | None = None, task: str | None = "math"
+) -> str:
+    """A log where each group is reserved (by `agent`, for `task`), dispatched and sealed,
+    then checkpointed."""
+    h = open_harness(path)
     try:
-        for group_id in ODD:
-            h.reserve(group_id, n=1)
+        for group_id in group_ids:
+            h.reserve(group_id, n=1, agent=agent, task=task)
             h.dispatch(group_id)
             h.seal(group_id, 0)
         h.checkpoint(1)
     finally:
         h.log.close()
     return str(h.path)
+
+
+@pytest.fixture
+def odd_ids(tmp_path: Path) -> str:
+    return _run_of(tmp_path / "run.db", ODD)
 
 
 @pytest.mark.parametrize(
@@ -67,16 +75,7 @@ terminal of whoever audits it, nor split a line of a table."""
 
 @pytest.fixture
 def control_ids(tmp_path: Path) -> str:
-    h = open_harness(tmp_path / "run.db")
-    try:
-        for group_id in CONTROL:
-            h.reserve(group_id, n=1, agent="a\x1b[1mb", task="t\x1b]0;title\x07")
-            h.dispatch(group_id)
-            h.seal(group_id, 0)
-        h.checkpoint(1)
-    finally:
-        h.log.close()
-    return str(h.path)
+    return _run_of(tmp_path / "run.db", CONTROL, agent="a\x1b[1mb", task="t\x1b]0;title\x07")
 
 
 @pytest.mark.parametrize(

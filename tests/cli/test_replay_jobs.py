@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from eventlog.cli import workers
 from tests.cli.audited_run import AuditedRun
-from tests.cli.helpers import append_notes, cli, insert_raw, sql
+from tests.cli.helpers import append_notes, chunks_asked, cli, insert_raw, sql
 
 SMALL_CHUNK = 5
 
@@ -88,20 +87,7 @@ def test_chunks_start_at_records_the_log_holds_across_a_gap(
     2**63 - 1 listed trillions of chunks up front, until memory ran out)."""
     append_notes(log_file, 12)
     sql(log_file, "UPDATE events SET seq = 5000 WHERE seq = 12")
-    asked: list[tuple[int, int]] = []
-    chunk = workers.seq_chunks
-
-    def counted(*args: Any) -> tuple[int, Iterator[tuple[int, int]]]:
-        most, chunks = chunk(*args)
-
-        def noted() -> Iterator[tuple[int, int]]:
-            for c in chunks:
-                asked.append(c)
-                yield c
-
-        return most, noted()
-
-    monkeypatch.setattr("eventlog.cli.replay.seq_chunks", counted)
+    asked = chunks_asked(monkeypatch, "eventlog.cli.replay")
     lines = replay(log_file, "--jobs", "2")
     assert [json.loads(line)["seq"] for line in lines.splitlines()] == [*range(1, 12), 5000]
     assert asked == [(1, 5), (6, 10), (11, 15), (5000, 5000)] and pools == [2]
