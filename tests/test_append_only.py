@@ -184,6 +184,14 @@ def test_grant_refuses_the_owner_and_one_role_for_both(granted: str) -> None:
     assert same.exit_code == 2
 
 
+@pytest.mark.parametrize("name", ["public", "none", "pg_monitor"])
+def test_grant_refuses_a_name_postgresql_keeps_for_itself(name: str) -> None:
+    """Named before connecting (`public` was exit 6: a database error creating the role)."""
+    result = cli("db", "grant", "postgresql://u@127.0.0.1:1/db", "--writer", name)
+    assert result.exit_code == 2
+    assert f"--writer {name!r}: PostgreSQL reserves this role name" in result.stderr
+
+
 def test_grant_on_sqlite_is_a_usage_error(tmp_path: Path) -> None:
     target = str(tmp_path / "log.db")
     EventLog.open(target).close()

@@ -19,6 +19,10 @@ def db() -> None:
     """The log's schema revision: current, upgrade, downgrade; PostgreSQL roles: grant."""
 
 
+_RESERVED_ROLES = frozenset({"public", "none"})
+"""Role names PostgreSQL keeps for itself, with every name starting `pg_` (the roles are
+created by their quoted names: `PUBLIC` or `current_user` are names like any other)."""
+
 _REVISIONS = "a revision id such as 0001, head, base, or a relative step such as +1 or -1"
 
 
@@ -122,6 +126,8 @@ def grant(target: str, writer: str | None, auditor: str | None) -> None:
     for option, name in (("--writer", writer), ("--auditor", auditor)):
         if name is not None and not 0 < len(name) <= _MAX_ROLE_NAME:
             raise CliUsageError(f"{option} {name!r}: a role name has 1 to 63 characters")
+        if name is not None and (name in _RESERVED_ROLES or name.startswith("pg_")):
+            raise CliUsageError(f"{option} {name!r}: PostgreSQL reserves this role name")
     if writer is not None and writer == auditor:
         raise CliUsageError(f"--writer and --auditor are both {writer!r}: use two roles")
     from eventlog.store.postgres import grant_roles
