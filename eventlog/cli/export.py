@@ -652,12 +652,19 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     mark_column = marker.column if marker is not None else None
 
     def make_table(path: Path, spec: Spec) -> _Sink:
-        # Written beside its name and renamed once every table is whole: a failed export
-        # leaves no table in part, and an earlier export's tables as they were.
-        partial = path.with_name(f".{path.name}.partial")
-        for written in (path, partial):  # a table named like the log, or a hard link to it
-            refuse_writing_onto_log(target, written)
-        return _Sink(form.open(partial, spec), form, partial, path)
+        # Written beside its name, under a name of its own, and renamed once every table is
+        # whole: a failed export leaves no table in part, and an earlier export's as it was.
+        refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
+        if path.is_dir():
+            raise CliUsageError(f"{path}: is a folder, where this export writes a table")
+        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=output)
+        os.close(handle)
+        partial = Path(name)
+        try:
+            return _Sink(form.open(partial, spec), form, partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
 
     with writing_output(output), open_log(target) as log, collector.paused(long=True):
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
@@ -691,14 +698,14 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
                 for sink in [records, *sinks.values()]:
                     sink.flush()
                     sink.table.close()
+                for sink in [records, *sinks.values()]:
+                    sink.partial.replace(sink.path)
             except BaseException:
                 for sink in [records, *sinks.values()]:
                     with contextlib.suppress(Exception):
                         sink.table.close()
                     sink.partial.unlink(missing_ok=True)
                 raise
-            for sink in [records, *sinks.values()]:
-                sink.partial.replace(sink.path)
     with writing_output(output):
         stale = _stale_tables(target, output, suffix, set(sinks), event_types())
     console = stdout_console()

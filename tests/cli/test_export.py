@@ -374,6 +374,25 @@ def test_export_refuses_a_file_as_the_output_folder(run: AuditedRun, tmp_path: P
     assert "is a file" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_folder_where_a_table_goes_fails_the_export_before_any_table_is_replaced(
+    log_file: str, tmp_path: Path
+) -> None:
+    """The tables are renamed into place once all are whole: a folder named like one of them
+    leaves the earlier export as it was, and no partial file behind."""
+    append_notes(log_file, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "records.jsonl").write_text("earlier\n")
+    (out / "CliNote.jsonl").mkdir()
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == (
+        f"error: {out / 'CliNote.jsonl'}: is a folder, where this export writes a table"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["CliNote.jsonl", "records.jsonl"]
+    assert (out / "records.jsonl").read_text() == "earlier\n"
+
+
 def test_an_empty_output_folder_is_refused_not_taken_for_this_one(
     log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -753,13 +772,13 @@ def test_an_output_that_cannot_be_written_is_one_line_naming_it(
     run: AuditedRun, tmp_path: Path, where: str
 ) -> None:
     if where == "inside the log file":
-        out = Path(run.path) / "export"
+        out, said = Path(run.path) / "export", "cannot write it"
     else:
-        out = tmp_path / "export"
+        out, said = tmp_path / "export", "is a folder"
         (out / "records.jsonl").mkdir(parents=True)
     result = cli("export", run.path, "-o", str(out), "--format", "jsonl")
     assert result.exit_code == 2, result.stderr
-    assert result.stderr.startswith("error: ") and "cannot write it" in result.stderr
+    assert result.stderr.startswith("error: ") and said in result.stderr
     assert "Traceback" not in result.stderr
 
 
