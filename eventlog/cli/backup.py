@@ -8,6 +8,7 @@ The SQLite copy is verified and its anchor printed; keep the anchor: `eventlog v
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -44,8 +45,9 @@ def backup(ctx: click.Context, target: str, dest: str) -> None:
         # Taken before the copy: records are only appended, so the copy holds this anchor.
         seq, chain = log.tail_chain()
         log.backup(staged)
+        archive = log.backend != "sqlite"  # (an sqlite:/// URL is a file like a path)
     anchor = f"{seq}:{chain.hex()}"
-    if "://" in target:
+    if archive:
         click.echo(f"{dest}: pg_dump archive of {shown_target(target)}; anchor {anchor}")
         return
     with open_log(dest) as copy:
@@ -66,13 +68,21 @@ def backup(ctx: click.Context, target: str, dest: str) -> None:
 @contextmanager
 def _staged(dest: Path) -> Iterator[Path]:
     """Where to copy: a new folder beside DEST, so a copy that fails leaves nothing behind
-    and one that completes takes DEST's name in one rename. A DEST that cannot be written is
-    one line naming it (the driver's error named the source log)."""
+    and one that completes takes DEST's name at once, by a hard link (a DEST made meanwhile
+    is not overwritten; a rename where the file system has no links). A DEST that cannot be
+    written is one line naming it (the driver's error named the source log)."""
     with writing_output(dest):
         folder = Path(tempfile.mkdtemp(prefix=".eventlog-backup-", dir=dest.parent))
     try:
         yield folder / dest.name
-        with writing_output(dest):
-            (folder / dest.name).rename(dest)
+        try:
+            os.link(folder / dest.name, dest)
+        except FileExistsError:
+            raise CliUsageError(
+                f"{dest}: already exists; a backup never overwrites a file"
+            ) from None
+        except OSError:
+            with writing_output(dest):
+                (folder / dest.name).rename(dest)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

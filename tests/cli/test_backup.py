@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,34 @@ def test_a_failed_backup_leaves_no_partial_file(
     refused = cli("backup", log_file, str(tmp_path / "copy.db"))
     assert refused.exit_code == 6
     assert _beside_the_log(tmp_path) == set()
+
+
+def test_an_sqlite_url_is_backed_up_and_verified_as_its_file_is(
+    log_file: str, tmp_path: Path
+) -> None:
+    """It was taken for a PostgreSQL target: 'pg_dump archive', and the copy never verified."""
+    append_notes(log_file, 2)
+    result = cli("backup", f"sqlite:///{log_file}", str(tmp_path / "copy.db"))
+    assert result.exit_code == 0, result.stderr
+    assert "2 records, head seq 2, anchor 2:" in result.stdout
+
+
+def test_a_dest_made_while_the_copy_ran_is_not_overwritten(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    append_notes(log_file, 1)
+    dest = tmp_path / "copy.db"
+    copy = EventLog.backup
+
+    def someone_writes_dest_meanwhile(log: EventLog, to: Any) -> None:
+        copy(log, to)
+        dest.write_text("theirs")
+
+    monkeypatch.setattr(EventLog, "backup", someone_writes_dest_meanwhile)
+    result = cli("backup", log_file, str(dest))
+    assert result.exit_code == 2 and "already exists" in result.stderr
+    assert dest.read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_a_backup_takes_dest_and_leaves_nothing_else(log_file: str, tmp_path: Path) -> None:
