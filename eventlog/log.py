@@ -60,9 +60,13 @@ def resolve_url(target: str | Path) -> sa.URL:
         raise InputError(f"{_without_password(text)}: not a log location ({exc})") from None
     if url.drivername.startswith("sqlite") and not url.database:
         raise InputError(f"{text}: an SQLite URL needs a file (sqlite:///path/to/run.db)")
-    if url.drivername in ("postgresql", "postgres"):
-        url = url.set(drivername="postgresql+psycopg")
     backend, _, driver = url.drivername.partition("+")
+    if backend == "postgres":  # SQLAlchemy's other name for it
+        backend = "postgresql"
+        url = url.set(drivername=f"postgresql+{driver}" if driver else "postgresql")
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+        driver = "psycopg"
     if driver and (backend, driver) not in (("sqlite", "pysqlite"), ("postgresql", "psycopg")):
         # another driver's module may not even be installed (an import error, exit 70)
         raise InputError(

@@ -50,6 +50,17 @@ def test_reads_run_on_the_driver_cursor_without_sqlalchemy_statements(log: Event
     assert executed == []
 
 
+def test_the_next_seq_the_log_holds_within_bounds(log: EventLog) -> None:
+    """What replay --json and export start each chunk at, on every backend: one index seek."""
+    assert [log.next_seq(1), log.next_seq(17), log.next_seq(30), log.next_seq(31)] == [
+        1,
+        17,
+        30,
+        None,
+    ]
+    assert (log.next_seq(5, 4), log.next_seq(5, 5), log.next_seq(2**63 - 1)) == (None, 5, None)
+
+
 def test_stream_versions_of_many_streams_at_once_and_of_a_seq_range(log: EventLog) -> None:
     """What a restore and a rebuild ask instead of one stream_version per stream, or instead
     of reading every record for its version. Record i (seq i + 1) is stream s{i % 3},

@@ -201,6 +201,15 @@ def test_a_target_that_is_no_log_location_is_an_input_error(target: str, said: s
 
 
 @pytest.mark.parametrize(
+    "url", ["postgres://u@h/db", "postgres+psycopg://u@h/db", "postgresql://u@h/db"]
+)
+def test_postgresql_urls_of_either_name_go_through_psycopg(url: str) -> None:
+    from eventlog.log import resolve_url
+
+    assert resolve_url(url).drivername == "postgresql+psycopg"
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         (["info", ""], "TARGET is empty"),
