@@ -24,7 +24,7 @@ from matplotlib.patches import StepPatch
 from eventlog.recovery.cli.report import RunPicture, plot_steps
 from projections.audit_stats import AuditReport, KeyReport, LatencySummary, StepReport
 from tests.cli.audited_run import AuditedRun, train, work
-from tests.cli.helpers import cli, collector_states_at_fold
+from tests.cli.helpers import cli, collector_states_at_fold, run_installed
 from tests.fixtures.ledger import Harness
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -363,3 +363,55 @@ def test_a_run_of_one_step_or_none_has_whole_step_ticks(numbers: list[int]) -> N
         low, high = ax.get_xlim()
         shown = [float(t) for t in ax.get_xticks() if low <= t <= high]
         assert shown and all(t.is_integer() for t in shown), shown
+
+
+def _one_group_run(h: Harness, group_id: str, steps: tuple[int, ...] = (1,)) -> None:
+    """`group_id` trained in the first of `steps`, then a group per further step."""
+    for i, step in enumerate(steps):
+        gid = group_id if i == 0 else f"later{i}"
+        h.reserve(gid, n=1, agent="math_agent", task="math", target_step=step)
+        h.dispatch(gid)
+        work(h, gid, 0)
+        train(h, gid, step)
+        h.checkpoint(step)
+
+
+@pytest.mark.parametrize("group_id", ["cost_$5_to_$10", "g$x^2$"])
+def test_a_dollar_in_a_group_id_is_drawn_as_it_is_not_as_a_formula(
+    harness: Harness, tmp_path: Path, group_id: str
+) -> None:
+    """matplotlib reads text between two `$` as a formula: a parse error (exit 70), or the
+    id drawn as math."""
+    _one_group_run(harness, group_id)
+    page = tmp_path / "run.html"
+    result = cli("report", str(harness.path), "-o", str(page))
+    assert result.exit_code == 0, result.stderr
+    assert f">{group_id}<" in page.read_text()
+
+
+def test_a_control_character_in_a_group_id_reaches_neither_page_nor_terminal(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """Drawn quoted as JSON text, as the other commands print it; matplotlib's warning of a
+    glyph its font lacks printed the id raw on stderr."""
+    _one_group_run(harness, "g\x1b[31mred\x07")
+    page = tmp_path / "run.html"
+    result = run_installed("report", str(harness.path), "-o", str(page))
+    assert result.returncode == 0, result.stderr
+    text = page.read_text()
+    assert "\x1b" not in text + result.stderr and "\x07" not in text + result.stderr
+    assert "g\\u001b[31mred\\u0007" in text
+    assert "Warning" not in result.stderr
+
+
+def test_the_steps_plot_follows_the_steps_in_the_log_not_the_span_of_their_numbers(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A run that jumped from step 1 to step 100,000 drew a bin per step between (12 MB of
+    SVG and seconds per 10^5 steps; minutes at 10^6)."""
+    _one_group_run(harness, "g1", steps=(1, 100_000))
+    page = tmp_path / "run.html"
+    result = cli("report", str(harness.path), "-o", str(page))
+    assert result.exit_code == 0, result.stderr
+    steps = re.search(r'data-plot="steps">(.*?)</figure>', page.read_text(), re.S)
+    assert steps is not None and len(steps.group(1)) < 100_000

@@ -13,6 +13,7 @@ import contextlib
 import html
 import importlib.util
 import io
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import click
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.output import stdout_console
+from eventlog.cli.output import printable, stdout_console
 from eventlog.cli.targets import (
     OutputPath,
     open_log,
@@ -52,6 +53,7 @@ from projections.audit_stats import (
     FinishedView,
     SealedView,
     StartedView,
+    StepReport,
     TimeBins,
     Watch,
     report,
@@ -195,11 +197,15 @@ def _gantt(pic: RunPicture) -> dict[type, Watch]:
 def _painting() -> None:
     """Set matplotlib up as every plot is drawn: text stays text (smaller, searchable), and
     the SVG's ids and metadata depend on the plot alone, so the same log gives the same
-    page, byte for byte."""
+    page, byte for byte. Text is drawn as it is: `$` starts no formula (a group id
+    `cost_$5_to_$10` was a parse error, exit 70), and a character the font lacks is no
+    warning on stderr (which printed the group id raw)."""
     import matplotlib
 
     matplotlib.rcParams["svg.fonttype"] = "none"
     matplotlib.rcParams["svg.hashsalt"] = "eventlog report"
+    matplotlib.rcParams["text.parse_math"] = False
+    warnings.filterwarnings("ignore", r"Glyph \d+ .* missing from", UserWarning)
 
 
 def _figure(height: float) -> Figure:
@@ -281,12 +287,12 @@ def plot_gantt(pic: RunPicture) -> Figure:
     for verdict, color in COLORS.items():
         ax.plot([], [], color=color, linewidth=6, label=verdict)
     _mark_time_axis(ax, pic)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_yticks(range(len(rows)), list(map(printable, rows)), fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first record")
     ax.set_title("Group lifecycles: attempts per group (bar = worker run, color = verdict)")
     ax.legend(loc="upper right", fontsize=7, ncols=4)
-    _place(fig, max(map(len, rows), default=1), points=7)
+    _place(fig, max((len(printable(r)) for r in rows), default=1), points=7)
     return fig
 
 
@@ -298,13 +304,22 @@ def plot_steps(pic: RunPicture) -> Figure:
 
     assert pic.stats is not None
     by_number = {s.step: s for s in pic.stats.by_step}
-    numbers = range(min(by_number, default=0), max(by_number, default=0) + 1)
-    steps = [by_number.get(n) for n in numbers]  # a step the report lacks (or none) draws 0
+    # A bin per step the report has; steps it lacks (or none at all) are one bin of 0: the
+    # drawing follows the steps in the log, not the span of their numbers (a run that
+    # jumped from step 1 to 10^6 drew 10^6 bins, for minutes).
+    steps: list[StepReport | None] = []
+    edges: list[float] = []
+    for n in sorted(by_number) or [0]:
+        if not edges or edges[-1] < n - 0.5:
+            if edges:
+                steps.append(None)
+            edges.append(n - 0.5)
+        steps.append(by_number.get(n))
+        edges.append(n + 0.5)
 
     def series(name: str) -> list[int]:
         return [getattr(s, name) if s is not None else 0 for s in steps]
 
-    edges = [n - 0.5 for n in numbers] + [numbers[-1] + 0.5]
     fig = _figure(3.2)
     left, right = fig.subplots(1, 2)
     retries, failed = series("retries"), series("failed")
