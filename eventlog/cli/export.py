@@ -20,6 +20,7 @@ import itertools
 import operator
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import typing
@@ -444,6 +445,18 @@ PENDING = 50_000
 number of event types (each table also writes when it alone holds BATCH rows)."""
 
 
+def _new_partial(folder: Path, name: str) -> Path:
+    """A new file of its own in `folder` for table `name` while it is written, made as any
+    file the command writes is (its mode from the umask: mkstemp's 0600 stayed the table's)."""
+    while True:
+        path = folder / f".{name}.{secrets.token_hex(4)}.partial"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return path
+
+
 class _Sink:
     """A table and its pending parts (each one chunk's rows of this table), written a batch
     at a time to `partial`, which takes the table's `path` once the export is whole."""
@@ -651,20 +664,22 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     suffix = form.suffix
     mark_column = marker.column if marker is not None else None
 
+    opened: list[_Sink] = []  # every table begun, records first: what a failure cleans up
+
     def make_table(path: Path, spec: Spec) -> _Sink:
         # Written beside its name, under a name of its own, and renamed once every table is
         # whole: a failed export leaves no table in part, and an earlier export's as it was.
         refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
         if path.is_dir():
             raise CliUsageError(f"{path}: is a folder, where this export writes a table")
-        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=output)
-        os.close(handle)
-        partial = Path(name)
+        partial = _new_partial(output, path.name)
         try:
-            return _Sink(form.open(partial, spec), form, partial, path)
+            sink = _Sink(form.open(partial, spec), form, partial, path)
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
+        opened.append(sink)
+        return sink
 
     with writing_output(output), open_log(target) as log, collector.paused(long=True):
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
@@ -675,37 +690,39 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         most, ranges = seq_chunks(log, 1, head, BATCH)
         vocabulary = portable_vocabulary()
         jobs = jobs_for(most, jobs)
-        records = make_table(output / f"records{suffix}", record_spec(mark_column))
         sinks: dict[str, _Sink] = {}
-        with contextlib.ExitStack() as stack:
-            chunks: Iterator[Chunk]
-            if jobs > 1 and vocabulary is not None:
-                spool = _spool_folder(stack) if fmt == "parquet" else None
-                setup = functools.partial(
-                    _setup_worker, run_target(target), fmt, head, marker, spool
-                )
-                gone = None if spool is None else functools.partial(_remove, spool)
-                workers = stack.enter_context(
-                    Workers(jobs, vocabulary, setup, _build_range, orphaned=gone)
-                )
-                chunks = workers.map(ranges)
-            else:
-                here: _State = (log, _builder(log, fmt, head, marker), None)
-                chunks = (_build_range(here, seqs) for seqs in ranges)
-            try:
+        try:
+            records = make_table(output / f"records{suffix}", record_spec(mark_column))
+            with contextlib.ExitStack() as stack:
+                chunks: Iterator[Chunk]
+                if jobs > 1 and vocabulary is not None:
+                    spool = _spool_folder(stack) if fmt == "parquet" else None
+                    setup = functools.partial(
+                        _setup_worker, run_target(target), fmt, head, marker, spool
+                    )
+                    gone = None if spool is None else functools.partial(_remove, spool)
+                    workers = stack.enter_context(
+                        Workers(jobs, vocabulary, setup, _build_range, orphaned=gone)
+                    )
+                    chunks = workers.map(ranges)
+                else:
+                    here: _State = (log, _builder(log, fmt, head, marker), None)
+                    chunks = (_build_range(here, seqs) for seqs in ranges)
                 with seq_progress("export", 1, head) as advance:
                     pids = _write_chunks(chunks, records, sinks, make_table, output, advance)
-                for sink in [records, *sinks.values()]:
+                for sink in opened:
                     sink.flush()
                     sink.table.close()
-                for sink in [records, *sinks.values()]:
-                    sink.partial.replace(sink.path)
-            except BaseException:
-                for sink in [records, *sinks.values()]:
-                    with contextlib.suppress(Exception):
-                        sink.table.close()
-                    sink.partial.unlink(missing_ok=True)
-                raise
+            # The type tables first, records last: one rename failing midway (not atomic across
+            # tables) leaves the records table as it was, the one every reader starts from.
+            for sink in reversed(opened):
+                sink.partial.replace(sink.path)
+        except BaseException:
+            for sink in opened:
+                with contextlib.suppress(Exception):
+                    sink.table.close()
+                sink.partial.unlink(missing_ok=True)
+            raise
     with writing_output(output):
         stale = _stale_tables(target, output, suffix, set(sinks), event_types())
     console = stdout_console()

@@ -197,7 +197,7 @@ def replay(
     hide_marked = bool(extra.get(HIDE_MARKED, False))
     with open_log(target) as log:
         head = log.head()  # read once: a writer may append while the command runs
-        _require_types(log, types, head)
+        _require_types(log, types)
         chosen = [
             (selector, value)
             for selector, name in selectors
@@ -273,12 +273,12 @@ def replay(
             stderr_console().print("no records match")
 
 
-def _require_types(log: EventLog, types: Sequence[str], head: int) -> None:
+def _require_types(log: EventLog, types: Sequence[str]) -> None:
     """A --type no program here knows and no record has is a misspelling, not an empty
     answer ("no records match", exit 0, as for a group that is not in the log)."""
     known = event_types()
     for name in types:
-        if name not in known and next(iter(log.read_rows(1, head, types=[name])), None) is None:
+        if name not in known and log.last_seq([name]) == 0:  # reads seqs only, no record
             raise CliUsageError(
                 f"--type {name!r}: no event type of that name is known or in the log "
                 f"({nearest(name, known)})",

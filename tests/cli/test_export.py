@@ -11,6 +11,7 @@ import enum
 import gc
 import hashlib
 import json
+import os
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -391,6 +392,42 @@ def test_a_folder_where_a_table_goes_fails_the_export_before_any_table_is_replac
     )
     assert sorted(p.name for p in out.iterdir()) == ["CliNote.jsonl", "records.jsonl"]
     assert (out / "records.jsonl").read_text() == "earlier\n"
+
+
+def test_tables_are_files_like_any_other_and_partials_have_names_of_their_own(
+    log_file: str, tmp_path: Path
+) -> None:
+    """A table's mode comes from the umask (a temporary file's 0600 stayed the table's, so
+    other readers could not open it), and a file another export is writing is not taken."""
+    append_notes(log_file, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    other = out / ".records.jsonl.partial"
+    other.write_text("another export's table, half written\n")
+    saved = os.umask(0o022)
+    try:
+        result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    finally:
+        os.umask(saved)
+    assert result.exit_code == 0, result.stderr
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        "records.jsonl": 0o644,
+        "CliNote.jsonl": 0o644,
+        ".records.jsonl.partial": 0o644,
+    }
+    assert other.read_text() == "another export's table, half written\n"
+
+
+def test_an_export_failing_before_its_first_chunk_leaves_no_partial_table(
+    run: AuditedRun, tmp_path: Path
+) -> None:
+    """Reading the rolled-back marks fails on a damaged RestoreStarted: the records table
+    was begun already."""
+    sql(run.path, "UPDATE events SET payload = x'00' WHERE type = 'RestoreStarted'")
+    out = tmp_path / "out"
+    result = cli("export", run.path, "--format", "jsonl", "--jobs", "1", "-o", str(out))
+    assert result.exit_code == 3 and "RestoreStarted v1 payload does not decode" in result.stderr
+    assert list(out.iterdir()) == []
 
 
 def test_an_empty_output_folder_is_refused_not_taken_for_this_one(

@@ -415,3 +415,15 @@ def test_the_steps_plot_follows_the_steps_in_the_log_not_the_span_of_their_numbe
     assert result.exit_code == 0, result.stderr
     steps = re.search(r'data-plot="steps">(.*?)</figure>', page.read_text(), re.S)
     assert steps is not None and len(steps.group(1)) < 100_000
+
+
+def test_a_character_the_font_lacks_is_no_warning_on_stderr(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """matplotlib warns of each glyph its font lacks, printing the text it drew."""
+    _one_group_run(harness, "g中文")
+    page = tmp_path / "run.html"
+    result = run_installed("report", str(harness.path), "-o", str(page))
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr and "中" not in result.stderr
+    assert ">g中文<" in page.read_text()
