@@ -10,6 +10,7 @@ import click
 from eventlog.cli.output import json_line, stdout_console
 from eventlog.cli.targets import open_log
 from eventlog.cli.views import RecordLines, json_object, view_decoded
+from eventlog.errors import IntegrityError
 from eventlog.log import EventLog
 from eventlog.records import RecordedEvent
 
@@ -36,14 +37,31 @@ def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], None])
     the interrupt raced a pending read).
     """
     next_seq = from_seq
+    last: tuple[int, bytes] | None = None  # the seq and chain of the last record printed
     while True:
         head = log.head()
+        if last is not None:
+            _require_continued(log, head, *last)
         if head >= next_seq:
             for record in log.read(next_seq, head):
                 show(record)
+                last = (record.seq, record.chain)
             next_seq = head + 1
             continue
         log.wait_for_append(head, 0.5)
+
+
+def _require_continued(log: EventLog, head: int, seq: int, chain: bytes) -> None:
+    """The log still holds the last record printed, as printed: one replaced under the
+    follower (a backup copied back over it, a new log at its path) would have its records
+    printed after the other's, a history neither holds."""
+    held = next(iter(log.read_rows(seq, seq)), None) if head >= seq else None
+    if held is None or held[8] != chain:
+        raise IntegrityError(
+            f"seq {seq}: the log no longer holds the record printed as seq {seq} "
+            f"(head now {head}): it was replaced or restored while followed",
+            seq=seq,
+        )
 
 
 @click.command()

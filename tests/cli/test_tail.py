@@ -7,13 +7,15 @@ import json
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from eventlog import EventLog
-from tests.cli.helpers import EVENTLOG, REPO, _reader, append_notes, cli, json_lines
+from tests.cli.helpers import EVENTLOG, REPO, _reader, append_notes, cli, json_lines, run_installed
 from tests.cli_vocabulary import CliAttempt, CliDispatched, CliNote
 
 
@@ -84,3 +86,53 @@ def test_tail_follow_prints_appends_as_they_happen_and_exits_0_on_interrupt(
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
     assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
+
+
+TAIL = [str(EVENTLOG), "--events-module", "tests.cli_vocabulary", "tail"]
+
+
+def test_a_log_restored_under_the_follower_ends_it_naming_the_record_it_lost(
+    log_file: str, tmp_path: Path
+) -> None:
+    """A backup restored over the log while it was followed: the records appended after
+    were printed as if they followed the ones the restore took away."""
+    backup = tmp_path / "backup.db"
+    append_notes(log_file, 1)
+    assert cli("backup", log_file, str(backup)).exit_code == 0
+    append_notes(log_file, 2, stream="s2")
+    with _interruptible_children():
+        proc = subprocess.Popen(
+            [*TAIL, log_file, "-f", "--json", "-n", "3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    try:
+        output = _reader(proc.stdout)
+        assert [json.loads(output.get(timeout=60))["seq"] for _ in range(3)] == [1, 2, 3]
+        with sqlite3.connect(backup) as source, sqlite3.connect(log_file) as target:
+            source.backup(target)  # restored in place, as SQLite copies a database
+        source.close()
+        target.close()
+        appended = run_installed(
+            "--events-module",
+            "tests.cli_vocabulary",
+            "append",
+            log_file,
+            input="".join(
+                json.dumps({"stream": "s3", "type": "CliNote", "data": {"text": f"n{i}"}}) + "\n"
+                for i in range(3)
+            ),
+        )
+        assert appended.returncode == 0, appended.stderr
+        assert proc.wait(timeout=60) == 1
+        said = proc.stderr.read() if proc.stderr is not None else ""
+        assert "seq 3: the log no longer holds the record printed as seq 3" in said
+        assert "Traceback" not in said
+        with pytest.raises(queue.Empty):  # no record of the other history was printed
+            output.get(timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
