@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from eventlog.cli.output import json_line
@@ -22,7 +24,7 @@ def info(target: str, as_json: bool) -> None:
         "target": shown_target(target),
         "backend": backend,
         "log_id": meta.get("log_id", ""),
-        "created": format_ns(int(created_ns)) if created_ns.isdigit() else created_ns,
+        "created": _created(created_ns),
         "revision": meta.get("revision", ""),
         "hash_algorithm": meta.get("hash_algorithm", ""),
         "head": int(meta["head"]),
@@ -34,3 +36,11 @@ def info(target: str, as_json: bool) -> None:
     width = max(len(key) for key in fields)
     for key, value in fields.items():
         click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+def _created(text: str) -> str:
+    """The log's creation time as stored, shown as a time where it reads as one (the meta
+    table is plain text: an edited value is shown as it is, not a crash)."""
+    if re.fullmatch(r"[0-9]{1,19}", text) and int(text) < 2**63:
+        return format_ns(int(text))
+    return repr(text)

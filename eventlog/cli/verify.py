@@ -10,6 +10,7 @@ from eventlog.cli.exits import ExitCode
 from eventlog.cli.output import json_line
 from eventlog.cli.targets import open_log
 from eventlog.log import EventLog
+from eventlog.store.base import MAX_SEQ
 from eventlog.verify import Problem
 
 _SEQ_PREFIX = re.compile(r"^seq \d+: ")
@@ -22,9 +23,15 @@ def _parse_anchor(
         return None
     seq_text, _, chain = value.partition(":")
     chain = chain.strip().lower()
-    if not seq_text.isdigit() or int(seq_text) < 1 or not re.fullmatch(r"[0-9a-f]{64}", chain):
+    # ASCII digits only: str.isdigit() takes '²' (which int() refuses) and '١' (read as 1)
+    if (
+        not re.fullmatch(r"[0-9]{1,19}", seq_text)
+        or not 1 <= int(seq_text) <= MAX_SEQ
+        or not re.fullmatch(r"[0-9a-f]{64}", chain)
+    ):
         raise click.BadParameter(
-            f"expected SEQ:CHAIN (64 hex digits), found {value!r}", param=param
+            f"expected SEQ:CHAIN (a seq in 1..{MAX_SEQ}, 64 hex digits), found {value!r}",
+            param=param,
         )
     return int(seq_text), chain
 

@@ -57,9 +57,16 @@ def head_revision(engine: Engine) -> str:
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None for an empty database)."""
     from alembic.runtime.migration import MigrationContext
+    from alembic.util.exc import CommandError
 
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        try:
+            return MigrationContext.configure(conn).get_current_revision()
+        except CommandError as exc:  # alembic_version edited: more than one row, say
+            raise LogRevisionError(
+                f"{engine.url.render_as_string(hide_password=True)}: the schema revision "
+                f"cannot be read ({exc})"
+            ) from None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

@@ -100,3 +100,12 @@ def test_a_step_past_the_last_revision_is_a_revision_error_not_a_crash(log_file:
     assert refused.exit_code == 3
     assert refused.stderr == f"error: {log_file}: cannot upgrade to 'head+1': no such revision\n"
     assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
+def test_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None:
+    """alembic's "more than one head" was exit 70, in verify too."""
+    sql(log_file, "INSERT INTO alembic_version VALUES ('0001')")
+    for argv in (["db", "current", log_file], ["verify", log_file]):
+        result = cli(*argv)
+        assert result.exit_code == 3, result.output
+        assert "the schema revision cannot be read" in result.stderr

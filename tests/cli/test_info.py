@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.helpers import HEAD_REVISION, ISO_NS, append_notes, cli, query
+from tests.cli.helpers import HEAD_REVISION, ISO_NS, append_notes, cli, query, sql
 
 
 def test_info_reports_id_revision_head_and_chain(log_file: str) -> None:
@@ -20,3 +20,12 @@ def test_info_reports_id_revision_head_and_chain(log_file: str) -> None:
     assert ISO_NS.match(shown["created"])
     human = cli("info", log_file).stdout
     assert f"chain:          {chain.hex()}" in human.splitlines()
+
+
+def test_an_edited_creation_time_is_shown_as_it_is_stored(log_file: str) -> None:
+    """The meta table is text: '²' or a number past any time was exit 70."""
+    for stored in ("\u00b2", "99999999999999999999999"):
+        sql(log_file, f"UPDATE log_meta SET value = '{stored}' WHERE key = 'created_at_ns'")
+        result = cli("info", log_file, "--json")
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["created"] == repr(stored)

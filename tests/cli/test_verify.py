@@ -78,3 +78,13 @@ def test_verify_rejects_a_malformed_anchor(six_records: str) -> None:
     result = cli("verify", six_records, "--anchor", "6:xyz")
     assert result.exit_code == 2
     assert "expected SEQ:CHAIN" in result.stderr
+
+
+@pytest.mark.parametrize("seq", ["\u00b2", "\u0661", "99999999999999999999", "0"])
+def test_an_anchor_seq_is_ascii_digits_within_a_logs_seqs(log_file: str, seq: str) -> None:
+    """'²' was exit 70 (int() refuses what isdigit() takes), '١' was read as seq 1, and a
+    seq beyond any log was named as another option's value."""
+    append_notes(log_file, 1)
+    result = cli("verify", log_file, "--anchor", f"{seq}:{'0' * 64}")
+    assert result.exit_code == 2
+    assert "--anchor" in result.output and "expected SEQ:CHAIN" in result.output
