@@ -19,8 +19,9 @@ from eventlog.store import migrate
 from eventlog.store import runs as run_names
 from eventlog.store.errors import translating
 
-RunColumns = Callable[[EventLog], dict[str, str]]
-"""A domain's columns for one run, read from its log (opened read-only, at head)."""
+RunColumns = Callable[[EventLog, int], dict[str, str]]
+"""A domain's columns for one run, read from its log (opened read-only) as of the head given:
+the row's own."""
 
 
 class RunsCommand(click.Command):
@@ -87,8 +88,19 @@ def _describe(target: str, run: str, columns: Sequence[RunColumns]) -> dict[str,
         row["head"] = head
         row["last_append"] = None if last is None else format_ns(last.recorded_at)
         for column in columns:
-            row |= column(log)
+            row |= column(log, head)
     return row
+
+
+def _row(target: str, run: str, columns: Sequence[RunColumns], *, alone: bool) -> dict[str, object]:
+    """A run's row; among several, a run no eventlog here can read is a row saying so, not
+    an error hiding every other run."""
+    try:
+        return _describe(target, run, columns)
+    except LogRevisionError as exc:
+        if alone:
+            raise
+        return {"run": run, "log": str(exc)}
 
 
 @click.command(cls=RunsCommand)
@@ -109,7 +121,8 @@ def runs(target: str, as_json: bool) -> None:
     columns = command.columns if isinstance(command, RunsCommand) else ()
     names = command.column_names if isinstance(command, RunsCommand) else ()
     database = _database(target)
-    rows = [_describe(database, run, columns) for run in _run_names(database)]
+    names_found = _run_names(database)
+    rows = [_row(database, run, columns, alone=len(names_found) == 1) for run in names_found]
     if as_json:
         for row in rows:
             click.echo(json_line(row))

@@ -67,6 +67,7 @@ COMMANDS = {
     "inspect group, its incarnations": ["inspect", "group", "{log}", "g3", "--json"],
     "inspect rollout": ["inspect", "rollout", "{log}", "r0_g0", "--json"],
     "state": ["state", "{log}", "--json"],
+    "runs": ["runs", "{log}", "--json"],
     "diff": ["diff", "{log}", "checkpoint:2", "head", "--json"],
     "export": ["export", "{log}", "--format", "jsonl", "-o", "{out}"],
     "report": ["report", "{log}", "-o", "{out}/run.html"],

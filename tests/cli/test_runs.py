@@ -121,6 +121,31 @@ def test_runs_names_a_run_that_needs_an_upgrade_and_upgrading_it_by_name_fixes_i
     assert (row["log"], row["head"], row["state"]) == ("ok", 0, "empty")
 
 
+@pytest.mark.postgres
+def test_a_run_no_eventlog_here_can_read_is_a_row_not_an_error_hiding_the_others(
+    fresh_postgres_url: str,
+) -> None:
+    """A run at a newer revision made `runs` exit 3 and list nothing."""
+    import sqlalchemy as sa
+
+    from eventlog.log import resolve_url
+    from eventlog.store.runs import schema_for
+
+    for name in ("good", "newer"):
+        EventLog.open(fresh_postgres_url, run=name).close()
+    engine = sa.create_engine(resolve_url(fresh_postgres_url))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"UPDATE \"{schema_for('newer')}\".alembic_version SET version_num = '0099'"
+        )
+    engine.dispose()
+    result = cli("runs", fresh_postgres_url, "--json")
+    assert result.exit_code == 0, result.output
+    rows = {row["run"]: row for row in json_lines(result.stdout)}
+    assert rows["good"]["log"] == "ok"
+    assert "0099" in str(rows["newer"]["log"])
+
+
 @pytest.mark.parametrize(
     ("kind", "code"),
     [

@@ -9,9 +9,10 @@ from eventlog.recovery.cli.runlog import RunLog
 from eventlog.recovery.vocabulary import RestoreCompleted, RestoreStarted
 
 
-def recovery_columns(log: EventLog) -> dict[str, str]:
-    """The last checkpoint that counts (not rolled back) and what the controller did last."""
-    run = RunLog(log)
+def recovery_columns(log: EventLog, head: int) -> dict[str, str]:
+    """The last checkpoint that counts (not rolled back) and what the controller did last,
+    as of the row's head."""
+    run = RunLog(log, until_seq=head)
     if run.checkpoints:
         seq, last = run.checkpoints[-1]
         checkpoint = f"step {last.step} (seq {seq})"
