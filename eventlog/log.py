@@ -224,7 +224,7 @@ class EventLog:
                 or not 0 < len(stream) <= MAX_STREAM_LENGTH
                 or not stream.isprintable()  # (a NUL is not printable)
             ):
-                _check_stream(stream)
+                check_stream(stream)
             expected = request.expected_version
             if expected.__class__ is int and expected >= 0:
                 code = expected
@@ -519,18 +519,25 @@ def _decode_row(row: RecordRow) -> RecordedEvent:
     )
 
 
-def _check_stream(stream: object) -> None:
+def check_stream(stream: object) -> None:
+    """Refuse a stream name no backend stores alike (InvalidEventError, the name shortened)."""
     if not isinstance(stream, str) or not stream or len(stream) > MAX_STREAM_LENGTH:
         raise InvalidEventError(
             f"stream must be a non-empty string of at most {MAX_STREAM_LENGTH} characters, "
-            f"found {stream!r}"
+            f"found {_shortened(stream)}"
         )
     # Both backends must store the same names: PostgreSQL text holds no NUL and every
     # driver needs UTF-8, which a lone surrogate has none of.
     if "\x00" in stream or (not stream.isprintable() and not _encodable(stream)):
         raise InvalidEventError(
-            f"stream {stream!r}: a stream name is UTF-8 text without NUL characters"
+            f"stream {_shortened(stream)}: a stream name is UTF-8 text without NUL characters"
         )
+
+
+def _shortened(value: object) -> str:
+    """A refused value as an error names it: its repr, cut to a line's worth."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 
 
 def _encodable(text: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import sys
 import uuid
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ from eventlog.cli.output import json_line
 from eventlog.cli.targets import open_log, require_existing
 from eventlog.errors import InvalidEventError
 from eventlog.events import Event, event_types
+from eventlog.log import check_stream
 from eventlog.records import ANY, NO_STREAM, AppendRequest, ExpectedVersion, Proposed
 
 
@@ -47,6 +49,10 @@ def parse_line(number: int, text: bytes) -> AppendRequest:
         raise InvalidEventError(f"line {number}: invalid JSON: {exc}") from exc
     if not line.stream:
         raise InvalidEventError(f"line {number}: stream must not be empty")
+    try:
+        check_stream(line.stream)
+    except InvalidEventError as exc:
+        raise InvalidEventError(f"line {number}: {exc}") from exc
     cls = event_types().get(line.type)
     if cls is None:
         close = difflib.get_close_matches(line.type, event_types(), n=3)
@@ -105,13 +111,23 @@ def _convert(number: int, cls: type[Event], data: dict[str, Any]) -> Event:
         raise InvalidEventError(f"line {number}: {cls.__name__}: {where}") from exc
 
 
+class _Lines(click.File):
+    """`click.File` that names a closed stdin (`append LOG <&-`: click's RuntimeError was
+    exit 70)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "-" and sys.stdin is None:
+            self.fail("stdin is closed: give the lines on stdin or with -i FILE", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @click.command()
 @click.argument("target")
 @click.option(
     "-i",
     "--input",
     "source",
-    type=click.File("rb"),
+    type=_Lines("rb"),
     default="-",
     show_default=True,
     help="JSON lines file to read ('-' is stdin).",

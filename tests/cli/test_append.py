@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from datetime import UTC, datetime
 
@@ -12,8 +14,10 @@ from eventlog import EventLog, events
 from eventlog.cli.times import format_ns
 from eventlog.events import Event
 from tests.cli.helpers import (
+    EVENTLOG,
     ISO_NS,
     REPLAY_KEYS,
+    REPO,
     append_notes,
     cli,
     count,
@@ -177,6 +181,14 @@ GOOD = line("s", "CliNote", {"text": "fine"})
             line("s", "CliNote", {"text": "a", "n": 2**64}),
             "line 2: CliNote: can't serialize ints < -2**63 or > 2**64 - 1",
         ),
+        (
+            line("a\x00b", "CliNote", {"text": "a"}),
+            "line 2: stream 'a\\x00b': a stream name is UTF-8 text without NUL characters",
+        ),
+        (
+            line("s" * 100_000, "CliNote", {"text": "a"}),
+            "line 2: stream must be a non-empty string of at most",
+        ),
     ],
 )
 def test_a_bad_line_appends_nothing_and_names_the_line_and_field(
@@ -230,3 +242,19 @@ def test_append_with_no_lines_appends_nothing(log_file: str) -> None:
     assert result.exit_code == 0
     assert result.stderr == "nothing to append\n"
     assert count(log_file) == 0
+
+
+def test_a_closed_stdin_is_named(log_file: str) -> None:
+    """`append LOG <&-`: click's RuntimeError was exit 70."""
+    result = subprocess.run(
+        [str(EVENTLOG), "append", log_file],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: os.close(0),
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "stdin is closed" in result.stderr and "Traceback" not in result.stderr
