@@ -429,7 +429,7 @@ class EventLog:
         """The log's own metadata: id, creation time, hash algorithm, head and its chain value."""
         info = dict(self._store.meta())
         seq, link = self._store.tail_chain()
-        info["revision"] = migrate.current_revision(self._store.engine) or ""
+        info["revision"] = migrate.current_revision(self._store.engine, self._store.target) or ""
         info["head"] = str(seq)
         info["chain"] = link.hex()
         return info

@@ -83,7 +83,7 @@ def current(ctx: click.Context, target: str, check: bool) -> None:
     store = open_store(run_target(target), read_only=True)
     try:
         with translating(shown):
-            now = migrate.current_revision(store.engine)
+            now = migrate.current_revision(store.engine, shown)
             head = migrate.head_revision(store.engine)
             known = migrate.known_revisions(store.engine)
     finally:
@@ -135,7 +135,7 @@ def grant(target: str, writer: str | None, auditor: str | None) -> None:
     store = open_store(run_target(target))
     try:
         with translating(shown):
-            now = migrate.current_revision(store.engine)
+            now = migrate.current_revision(store.engine, shown)
             if now != migrate.head_revision(store.engine):
                 raise LogRevisionError(
                     f"{shown}: no eventlog log at head here (revision {now or '(empty)'})",

@@ -65,7 +65,7 @@ def _describe(target: str, run: str, columns: Sequence[RunColumns]) -> dict[str,
     row: dict[str, object] = {"run": run}
     try:
         with translating(store.target):
-            current = migrate.current_revision(store.engine)
+            current = migrate.current_revision(store.engine, store.target)
             head_revision = migrate.head_revision(store.engine)
             # Someone else's database, one a newer eventlog wrote, or no log: say so.
             migrate.refuse_foreign_or_newer(store.engine, target=store.target, current=current)

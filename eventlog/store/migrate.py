@@ -54,8 +54,9 @@ def head_revision(engine: Engine) -> str:
     return head
 
 
-def current_revision(engine: Engine) -> str | None:
-    """The revision the database is at (None for an empty database)."""
+def current_revision(engine: Engine, target: str = "") -> str | None:
+    """The revision the database is at (None for an empty database); `target` names it in
+    an error (a read-only SQLite engine's URL names no file)."""
     from alembic.runtime.migration import MigrationContext
     from alembic.util.exc import CommandError
 
@@ -63,10 +64,8 @@ def current_revision(engine: Engine) -> str | None:
         try:
             return MigrationContext.configure(conn).get_current_revision()
         except CommandError as exc:  # alembic_version edited: more than one row, say
-            raise LogRevisionError(
-                f"{engine.url.render_as_string(hide_password=True)}: the schema revision "
-                f"cannot be read ({exc})"
-            ) from None
+            shown = target or engine.url.render_as_string(hide_password=True)
+            raise LogRevisionError(f"{shown}: the schema revision cannot be read ({exc})") from None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -165,7 +164,7 @@ def ensure_at_head(engine: Engine, *, target: str, create: bool) -> None:
 
     with translating(target):
         head = head_revision(engine)
-        current = current_revision(engine)
+        current = current_revision(engine, target)
         if current == head:
             return
         if create and current is None:

@@ -108,4 +108,4 @@ def test_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None
     for argv in (["db", "current", log_file], ["verify", log_file]):
         result = cli(*argv)
         assert result.exit_code == 3, result.output
-        assert "the schema revision cannot be read" in result.stderr
+        assert f"error: {log_file}: the schema revision cannot be read" in result.stderr
