@@ -88,13 +88,10 @@ _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 def log_file_at(target: str, path: Path) -> str | None:
     """The name of TARGET's own file (the log, or one of SQLite's files beside it) that
     `path` is, by name or as another name of the same file (a hard link); None if none."""
-    if "://" in target:
-        url = resolve_url(target)
-        if not url.drivername.startswith("sqlite") or not url.database:
-            return None
-        log = Path(url.database).expanduser().resolve()
-    else:
-        log = Path(target).expanduser().resolve()
+    file = _sqlite_file(target)
+    if file is None:
+        return None
+    log = file.expanduser().resolve()
     out = path.expanduser().resolve()
     for suffix in _SIDE_FILES:
         beside = log.with_name(log.name + suffix)

@@ -258,3 +258,11 @@ def test_a_closed_stdin_is_named(log_file: str) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert "stdin is closed" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_refused_stream_name_is_named_in_a_line_not_echoed_whole(log_file: str) -> None:
+    result = cli("append", log_file, input=lines(line("s" * 100_000, "CliNote", {"text": "a"})))
+    assert result.exit_code == 2
+    (said,) = result.stderr.splitlines()
+    assert said.startswith("error: line 1: stream must be") and len(said) < 300
+    assert "(100,002 characters)" in said

@@ -110,11 +110,9 @@ def chosen_point(log: EventLog, at: int | None, step: int | None, checkpoint: in
         raise CliUsageError(
             f"give one of --at, --step, --checkpoint (got {', '.join(n for n, _ in named)})"
         )
-    if not named:
-        return point_seq(RunLog(log), "head")
-    name, value = named[0]
-    kind = {"--at": "seq", "--step": "step", "--checkpoint": "checkpoint"}[name]
-    return point_seq(RunLog(log), f"{kind}:{value}")
+    kinds = {"--at": "seq", "--step": "step", "--checkpoint": "checkpoint"}
+    point = "".join(f"{kinds[name]}:{value}" for name, value in named) or "head"
+    return point_seq(RunLog(log), point)
 
 
 @click.command()
