@@ -23,7 +23,7 @@ from eventlog.errors import (
     UnknownEventTypeError,
 )
 from eventlog.recovery.errors import ConfigError, LedgerRuleError
-from tests.cli.helpers import HEAD_REVISION, cli, json_lines, line, lines, run_installed
+from tests.cli.helpers import HEAD_REVISION, REPO, cli, json_lines, line, lines, run_installed
 
 
 @pytest.mark.parametrize("command", ["replay", "verify", "info", "stats", "tail", "append"])
@@ -259,3 +259,34 @@ def test_a_folder_as_the_target_is_named_as_one(tmp_path: Path, command: str) ->
     result = cli(command, str(tmp_path))
     assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines()[0] == f"error: {tmp_path}: is a folder, not a log file"
+
+
+INTERRUPT_AT_IMPORT = """
+import sys
+
+
+class InterruptAt:
+    \"\"\"Ctrl-C arriving while `{module}` is being imported (as a real one may, at start).\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            raise KeyboardInterrupt
+        return None
+
+
+sys.meta_path.insert(0, InterruptAt())
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "sqlalchemy", "msgspec", "eventlog.log"])
+def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(
+    log_file: str, tmp_path: Path, module: str
+) -> None:
+    """Before the package's names loaded lazily, the console script imported SQLAlchemy and
+    click before any handler was in place: Ctrl-C in the first ~0.3 s printed a traceback."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(INTERRUPT_AT_IMPORT.format(module=module))
+    done = run_installed("verify", log_file, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    assert (done.returncode, done.stderr) == (130, "interrupted\n")
