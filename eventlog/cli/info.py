@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import click
 
+from eventlog.cli.numbers import whole_number
 from eventlog.cli.output import json_line
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.cli.times import format_ns
@@ -41,6 +40,7 @@ def info(target: str, as_json: bool) -> None:
 def _created(text: str) -> str:
     """The log's creation time as stored, shown as a time where it reads as one (the meta
     table is plain text: an edited value is shown as it is, not a crash)."""
-    if re.fullmatch(r"[0-9]{1,19}", text) and int(text) < 2**63:
-        return format_ns(int(text))
+    ns = whole_number(text)
+    if ns is not None and 0 <= ns < 2**63:
+        return format_ns(ns)
     return repr(text)

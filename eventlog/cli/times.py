@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 import click
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_FRACTION = re.compile(r"^(?P<head>.*?T\d{2}:\d{2}(?::\d{2})?)[.,](?P<frac>\d+)(?P<tail>.*)$")
+_FRACTION = re.compile(
+    r"^(?P<head>.*?T\d{2}:\d{2}(?::\d{2})?)[.,](?P<frac>\d+)(?P<tail>.*)$", re.ASCII
+)
 
 
 @functools.lru_cache(maxsize=1024)

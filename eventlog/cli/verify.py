@@ -7,6 +7,7 @@ import re
 import click
 
 from eventlog.cli.exits import ExitCode
+from eventlog.cli.numbers import whole_number
 from eventlog.cli.output import json_line
 from eventlog.cli.targets import open_log
 from eventlog.log import EventLog
@@ -23,17 +24,13 @@ def _parse_anchor(
         return None
     seq_text, _, chain = value.partition(":")
     chain = chain.strip().lower()
-    # ASCII digits only: str.isdigit() takes '²' (which int() refuses) and '١' (read as 1)
-    if (
-        not re.fullmatch(r"[0-9]{1,19}", seq_text)
-        or not 1 <= int(seq_text) <= MAX_SEQ
-        or not re.fullmatch(r"[0-9a-f]{64}", chain)
-    ):
+    seq = whole_number(seq_text)
+    if seq is None or not 1 <= seq <= MAX_SEQ or not re.fullmatch(r"[0-9a-f]{64}", chain):
         raise click.BadParameter(
             f"expected SEQ:CHAIN (a seq in 1..{MAX_SEQ}, 64 hex digits), found {value!r}",
             param=param,
         )
-    return int(seq_text), chain
+    return seq, chain
 
 
 def check_anchor(log: EventLog, seq: int, chain: str) -> Problem | None:

@@ -39,3 +39,10 @@ def test_the_seconds_format_ns_keeps_stay_bounded() -> None:
     for seconds in range(1_795_960_227, 1_795_960_227 + 10_000):
         format_ns(seconds * 10**9)
     assert 0 < len(times._iso_seconds) <= 4096
+
+
+@pytest.mark.parametrize("text", ["2026-01-01T00:00:00.\u0663", "2026-01-01T00:00:00,\u0663Z"])
+def test_a_fraction_in_other_digits_is_not_a_time(text: str) -> None:
+    """The fraction's digits were read with int(), which took '٣' as 3 (0.3 s)."""
+    with pytest.raises(ValueError, match="is not an ISO-8601 time"):
+        parse_time(text)

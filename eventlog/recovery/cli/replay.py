@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import click
 
+from eventlog.cli.numbers import whole_number
 from eventlog.cli.replay import Selection, make_replay
 from eventlog.cli.views import Mark
 from eventlog.log import EventLog
@@ -42,10 +43,10 @@ def _one(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
 
 
 def _step(value: str, what: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a step number", param_hint=what) from None
+    number = whole_number(value)
+    if number is None:
+        raise click.BadParameter(f"{value!r} is not a step number", param_hint=what)
+    return number
 
 
 class StepSelector:

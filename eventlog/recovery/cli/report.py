@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import click
 
 from eventlog.cli.exits import CliUsageError
+from eventlog.cli.numbers import Number
 from eventlog.cli.output import printable, stdout_console
 from eventlog.cli.targets import (
     OutputPath,
@@ -514,7 +515,7 @@ def render(target: str, pic: RunPicture, drawn: Iterable[str] | None = None) -> 
 @click.option(
     "-j",
     "--jobs",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     default=None,
     metavar="N",
     help="Processes that draw the plots, started while this one reads the log (default: "

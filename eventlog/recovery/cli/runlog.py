@@ -15,6 +15,7 @@ import msgspec
 
 from eventlog import codec, collector
 from eventlog.cli.exits import CliUsageError
+from eventlog.cli.numbers import whole_number
 from eventlog.cli.output import nearest, nearest_numbers, seq_progress
 from eventlog.cli.replay import Selection
 from eventlog.cli.views import Mark
@@ -314,12 +315,9 @@ def point_seq(run: RunLog, text: str) -> int:
         return run.head
     if not number:
         kind, number = "seq", text
-    try:
-        value = int(number)
-    except ValueError:
-        raise CliUsageError(
-            f"point {text!r}: expected a seq, step:N, checkpoint:N or head"
-        ) from None
+    value = whole_number(number)
+    if value is None:
+        raise CliUsageError(f"point {text!r}: expected a seq, step:N, checkpoint:N or head")
     if kind == "seq":
         if not 0 <= value <= run.head:
             raise CliUsageError(f"seq {value}: not in the log (valid: 0..{run.head})")
