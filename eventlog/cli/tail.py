@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
+from eventlog.cli.numbers import Number
 from eventlog.cli.output import json_line, stdout_console
-from eventlog.cli.targets import open_log
+from eventlog.cli.targets import open_log, sqlite_file
 from eventlog.cli.views import RecordLines, json_object, view_decoded
 from eventlog.errors import IntegrityError
 from eventlog.log import EventLog
@@ -29,7 +32,12 @@ def _printer(as_json: bool) -> Callable[[RecordedEvent], None]:
     return lambda record: lines.add(view_decoded(record))
 
 
-def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], None]) -> None:
+def _follow(
+    log: EventLog,
+    from_seq: int,
+    show: Callable[[RecordedEvent], None],
+    still_the_file: Callable[[int], None],
+) -> None:
     """Print every record from `from_seq` on, forever.
 
     Synchronous on purpose: Ctrl-C then lands in this thread between two reads, with no
@@ -40,6 +48,7 @@ def _follow(log: EventLog, from_seq: int, show: Callable[[RecordedEvent], None])
     last: tuple[int, bytes] | None = None  # the seq and chain of the last record printed
     while True:
         head = log.head()
+        still_the_file(next_seq - 1)
         if last is not None:
             _require_continued(log, head, *last)
         if head >= next_seq:
@@ -64,13 +73,37 @@ def _require_continued(log: EventLog, head: int, seq: int, chain: bytes) -> None
         )
 
 
+def _file_check(path: Path | None) -> Callable[[int], None]:
+    """A check that `path` is still the file the follower opened. Its connection keeps the
+    file it opened: a log deleted, or replaced by a rename (a new file at the path), would be
+    followed forever with nothing more to print."""
+    if path is None:  # a server's log has no file to lose
+        return lambda _seq: None
+    opened = os.stat(path)
+
+    def still_the_file(seq: int) -> None:
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+            what = "deleted" if now is None else "replaced by another file"
+            raise IntegrityError(
+                f"{path}: the log file followed was {what} (followed up to seq {seq}); "
+                "follow the file at that path anew with `eventlog tail -f`",
+                seq=seq,
+            )
+
+    return still_the_file
+
+
 @click.command()
 @click.argument("target")
 @click.option(
     "-n",
     "--lines",
     "count",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     default=10,
     show_default=True,
     help="How many of the newest records to show first.",
@@ -85,6 +118,7 @@ def tail(target: str, count: int, follow: bool, as_json: bool) -> None:
     """
     show = _printer(as_json)
     with open_log(target) as log:
+        still_the_file = _file_check(sqlite_file(target))
         head = log.head()
         start = max(head - count + 1, 1)
         if not follow:
@@ -92,6 +126,6 @@ def tail(target: str, count: int, follow: bool, as_json: bool) -> None:
                 show(record)
             return
         try:
-            _follow(log, start, show)
+            _follow(log, start, show, still_the_file)
         except KeyboardInterrupt:
             return  # following ends when the person stops it: that is success

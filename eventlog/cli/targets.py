@@ -35,7 +35,7 @@ def shown_target(target: str) -> str:
     return resolve_url(run_target(target)).render_as_string(hide_password=True)
 
 
-def _sqlite_file(target: str) -> Path | None:
+def sqlite_file(target: str) -> Path | None:
     """The file of an SQLite target, a path or an `sqlite:///` URL; None for a server."""
     if not target:
         raise CliUsageError("TARGET is empty: give a log file or a database URL")
@@ -47,7 +47,7 @@ def _sqlite_file(target: str) -> Path | None:
 
 def require_existing(target: str) -> None:
     """Refuse a file that does not exist, instead of creating an empty database there."""
-    path = _sqlite_file(target)
+    path = sqlite_file(target)
     if path is None:
         return
     if not path.exists():
@@ -61,7 +61,7 @@ def require_existing(target: str) -> None:
 def require_parent(target: str) -> None:
     """A new SQLite file needs its folder, and no folder of its name; say so instead of a
     driver error."""
-    path = _sqlite_file(target)
+    path = sqlite_file(target)
     if path is None:
         return
     parent = path.resolve().parent
@@ -88,7 +88,7 @@ _SIDE_FILES = ("", "-wal", "-shm", "-journal")
 def log_file_at(target: str, path: Path) -> str | None:
     """The name of TARGET's own file (the log, or one of SQLite's files beside it) that
     `path` is, by name or as another name of the same file (a hard link); None if none."""
-    file = _sqlite_file(target)
+    file = sqlite_file(target)
     if file is None:
         return None
     log = file.expanduser().resolve()

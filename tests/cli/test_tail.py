@@ -136,3 +136,29 @@ def test_a_log_restored_under_the_follower_ends_it_naming_the_record_it_lost(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("change", ["renamed over", "deleted"])
+def test_a_log_file_replaced_or_deleted_under_the_follower_ends_it_naming_the_path(
+    log_file: str,
+    tmp_path: Path,
+    follower: tuple[subprocess.Popen[str], queue.Queue[str]],
+    change: str,
+) -> None:
+    """The follower's connection keeps the file it opened: it followed a deleted log, or the
+    old file of a path another log was renamed onto, forever, printing nothing more."""
+    proc, output = follower
+    assert json.loads(output.get(timeout=60))["seq"] == 1  # caught up: now following
+    if change == "deleted":
+        for name in (log_file, f"{log_file}-wal", f"{log_file}-shm"):
+            Path(name).unlink(missing_ok=True)
+    else:
+        other = str(tmp_path / "other.db")
+        assert cli("init", other).exit_code == 0
+        append_notes(other, 3)  # more records than the followed one had: a head to read
+        os.replace(other, log_file)
+    assert proc.wait(timeout=60) == 1
+    said = proc.stderr.read() if proc.stderr is not None else ""
+    what = "deleted" if change == "deleted" else "replaced by another file"
+    assert f"{log_file}: the log file followed was {what} (followed up to seq 1)" in said
+    assert "Traceback" not in said
