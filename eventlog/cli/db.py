@@ -62,7 +62,7 @@ def upgrade(target: str, revision: str) -> None:
         click.echo(f"{shown_target(target)}: upgraded {before or '(empty)'} -> {after}")
 
 
-@db.command()
+@db.command(context_settings={"ignore_unknown_options": True})  # REVISION may be -1
 @click.argument("target")
 @click.argument("revision")
 def downgrade(target: str, revision: str) -> None:

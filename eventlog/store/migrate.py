@@ -101,10 +101,31 @@ def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str |
         _serialized(conn)
         before = MigrationContext.configure(conn).get_current_revision()
         _refuse_foreign_or_newer(conn, engine, target=target, current=before)
+        if up and before is not None:
+            _refuse_going_back(config, target=target, current=before, revision=revision)
         config.attributes["connection"] = conn
         (command.upgrade if up else command.downgrade)(config, revision)
         after = MigrationContext.configure(conn).get_current_revision()
     return before, after or ""
+
+
+def _refuse_going_back(config: Config, *, target: str, current: str, revision: str) -> None:
+    """alembic upgrades to an earlier revision by doing nothing, and the caller said "already
+    at" the later one: the person asked for a schema the log does not have."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(config)
+    try:
+        wanted = "base" if revision == "base" else script.get_revision(revision).revision
+    except Exception:  # a relative step, a branch, no such revision: alembic's own answer
+        return
+    earlier = {found.revision for found in script.iterate_revisions(current, "base")}
+    if wanted != current and (wanted == "base" or wanted in earlier):
+        raise LogRevisionError(
+            f"{target}: cannot upgrade to {revision!r}: the log is at revision {current}, "
+            "past it; an upgrade only moves forward",
+            hint=f"to move back, `eventlog db downgrade {target} {wanted}`",
+        )
 
 
 def _serialized(conn: Connection) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.cli.helpers import HEAD_REVISION, cli, query, sql
 
 
@@ -78,6 +80,32 @@ def test_db_downgrade_moves_the_revision_down(log_file: str) -> None:
     assert result.exit_code == 0
     assert result.stdout == f"{log_file}: downgraded {HEAD_REVISION} -> 0001\n"
     assert query(log_file, "SELECT version_num FROM alembic_version") == [("0001",)]
+
+
+def test_db_downgrade_takes_a_relative_step_without_a_double_dash(log_file: str) -> None:
+    """`-1` was read as an unknown option: only `db downgrade LOG -- -1` worked."""
+    result = cli("db", "downgrade", log_file, "-1")
+    assert result.exit_code == 0, result.output
+    below = f"{int(str(HEAD_REVISION)) - 1:04d}"
+    assert result.stdout == f"{log_file}: downgraded {HEAD_REVISION} -> {below}\n"
+
+
+@pytest.mark.parametrize("revision", ["0001", "base"])
+def test_an_upgrade_to_an_earlier_revision_is_refused_not_called_done(
+    log_file: str, revision: str
+) -> None:
+    """alembic upgrades to an earlier revision by doing nothing: it said 'already at 0004'
+    (exit 0) to someone who asked for 0001."""
+    refused = cli("db", "upgrade", log_file, "--revision", revision)
+    assert refused.exit_code == 3
+    assert refused.stderr.splitlines() == [
+        f"error: {log_file}: cannot upgrade to {revision!r}: the log is at revision "
+        f"{HEAD_REVISION}, past it; an upgrade only moves forward",
+        f"hint: to move back, `eventlog db downgrade {log_file} {revision}`",
+    ]
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+    again = cli("db", "upgrade", log_file, "--revision", str(HEAD_REVISION))
+    assert again.stdout == f"{log_file}: already at revision {HEAD_REVISION}\n"
 
 
 def test_an_empty_revision_is_a_usage_error_naming_it(log_file: str) -> None:
