@@ -8,6 +8,7 @@ Every line is validated before anything is written; then all lines go in one ato
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import itertools
 import sys
@@ -144,9 +145,13 @@ def append(target: str, source: Any, as_json: bool) -> None:
     require_existing(target)  # before reading stdin: a typo should not wait for input
     requests = []
     for number, raw in enumerate(source, start=1):
+        if number == 1:  # RFC 8259 lets a reader ignore a BOM; Windows editors write one
+            raw = raw.removeprefix(codecs.BOM_UTF8)
         if raw.strip():
             requests.append(parse_line(number, raw))
     if not requests:
+        with open_log(target):  # a file that is no log says so, with lines or without
+            pass
         click.echo("nothing to append", err=True)
         return
     with open_log(target, write=True) as log:

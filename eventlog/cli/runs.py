@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from rich.table import Table
 
 from eventlog.cli.output import json_line, stdout_console
-from eventlog.cli.targets import busy_timeout, require_existing, shown_target
+from eventlog.cli.targets import busy_timeout, require_existing, run_target, shown_target
 from eventlog.cli.times import format_ns
 from eventlog.errors import LogRevisionError
 from eventlog.log import EventLog, open_store, resolve_url
@@ -117,6 +117,7 @@ def runs(target: str, as_json: bool) -> None:
     run, listed as `default`.
     """
     require_existing(target)
+    run_target(target)  # refuses `--run NAME` where it selects nothing: an SQLite file
     command = click.get_current_context().command
     columns = command.columns if isinstance(command, RunsCommand) else ()
     names = command.column_names if isinstance(command, RunsCommand) else ()

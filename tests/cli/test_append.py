@@ -6,6 +6,7 @@ import os
 import subprocess
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -242,6 +243,31 @@ def test_append_with_no_lines_appends_nothing(log_file: str) -> None:
     assert result.exit_code == 0
     assert result.stderr == "nothing to append\n"
     assert count(log_file) == 0
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b""])
+def test_no_lines_to_a_file_that_is_not_a_log_names_the_file_not_the_input(
+    tmp_path: Path, content: bytes
+) -> None:
+    """It said "nothing to append" (exit 0), as if the file were a log."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    result = cli("append", str(path), input="\n")
+    assert result.exit_code in (3, 6), result.output
+    assert result.stderr.startswith(f"error: {path}: ") and "nothing to append" not in result.stderr
+    assert path.read_bytes() == content
+
+
+def test_a_byte_order_mark_before_the_first_line_is_taken_as_utf_8(log_file: str) -> None:
+    """Editors on Windows save UTF-8 with a BOM; JSON's RFC 8259 lets a reader ignore it.
+    It was "line 1: invalid JSON: invalid character"."""
+    text = line("notes", "CliNote", {"text": "after a BOM"})
+    result = cli("append", log_file, input="\ufeff" + lines(text, text))
+    assert result.exit_code == 0, result.output
+    assert count(log_file) == 2
+    refused = cli("append", log_file, input=lines(text, "\ufeff" + text))
+    assert refused.exit_code == 2 and "line 2: invalid JSON" in refused.stderr
+    assert count(log_file) == 2
 
 
 def test_a_closed_stdin_is_named(log_file: str) -> None:

@@ -102,9 +102,10 @@ def test_runs_of_an_sqlite_file_is_the_file_and_a_run_name_is_refused(log_file: 
     assert [(r["run"], r["head"], r["state"]) for r in rows] == [
         ("default", 1, "no controller records")
     ]
-    refused = CliRunner().invoke(main, ["--run", "a", "info", log_file])
-    assert refused.exit_code == 2 and "each run is a file of its own" in refused.output
-    assert "Traceback" not in refused.output
+    for command in ("info", "runs"):  # `runs` ignored it, listing the file's run
+        refused = CliRunner().invoke(main, ["--run", "a", command, log_file])
+        assert refused.exit_code == 2 and "each run is a file of its own" in refused.output
+        assert "Traceback" not in refused.output
 
 
 @pytest.mark.postgres
