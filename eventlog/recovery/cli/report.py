@@ -14,10 +14,10 @@ import html
 import importlib.util
 import io
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -245,15 +245,34 @@ def _seconds(pic: RunPicture, ns: int) -> float:
     return (ns - pic.first_ns) / 1e9
 
 
+def _mark(ax: Axes, xs: Sequence[float], label: str) -> None:
+    """A line across the axes at each of `xs`, all one artist: a weeks-long run has
+    thousands of checkpoints, and an `axvline` each took seconds per plot."""
+    if xs:
+        color, width, style = MARKS[label]
+        ax.vlines(
+            xs,
+            0,
+            1,
+            transform=ax.get_xaxis_transform(),  # x in data, y across the whole axes
+            colors=color,
+            linewidths=width,
+            linestyles=style,
+            label=label,
+        )
+
+
+MARKS: dict[str, tuple[str, float, Literal["--", ":"]]] = {
+    "restore": ("#c92a2a", 1.5, "--"),
+    "step with a restore": ("#c92a2a", 1.5, "--"),
+    "checkpoint": ("#495057", 0.6, ":"),
+}
+"""How each kind of marked moment is drawn: (color, line width, line style)."""
+
+
 def _mark_time_axis(ax: Axes, pic: RunPicture) -> None:
-    for at in pic.restores:
-        ax.axvline(_seconds(pic, at), color="#c92a2a", linewidth=1.5, linestyle="--")
-    for at, _step in pic.checkpoints:
-        ax.axvline(_seconds(pic, at), color="#495057", linewidth=0.6, linestyle=":")
-    if pic.restores:
-        ax.plot([], [], color="#c92a2a", linestyle="--", label="restore")
-    if pic.checkpoints:
-        ax.plot([], [], color="#495057", linestyle=":", label="checkpoint")
+    _mark(ax, [_seconds(pic, at) for at in pic.restores], "restore")
+    _mark(ax, [_seconds(pic, at) for at, _step in pic.checkpoints], "checkpoint")
 
 
 def plot_gantt(pic: RunPicture) -> Figure:
@@ -343,10 +362,7 @@ def plot_steps(pic: RunPicture) -> Figure:
     for ax in (left, right):
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
-        for step in restored:
-            ax.axvline(step, color="#c92a2a", linestyle="--", linewidth=1.5)
-        if restored:
-            ax.plot([], [], color="#c92a2a", linestyle="--", label="step with a restore")
+        _mark(ax, restored, "step with a restore")
         ax.legend(fontsize=7)
     _place(fig, _number_chars([*retries, *failed]))
     return fig
@@ -383,7 +399,20 @@ def plot_staleness(pic: RunPicture) -> Figure:
 def plot_rate(pic: RunPicture) -> Figure:
     fig = _figure(3.0)
     ax = fig.add_subplot()
-    span = max(pic.last_ns - pic.first_ns, 1) / 1e9
+    ax.set_title("Append rate")
+    if pic.last_ns <= pic.first_ns:  # e.g. a generated log, all at one time: 1e13/s was drawn
+        ax.text(
+            0.5,
+            0.5,
+            "no rate to draw: the records span no time (first "
+            f"{format_ns(pic.first_ns)}, last {format_ns(pic.last_ns)})",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+        )
+        ax.set_axis_off()
+        return fig
+    span = (pic.last_ns - pic.first_ns) / 1e9
     width = span / RATE_BINS
     rates = [n / width for n in pic.rate]
     ax.plot(
@@ -395,7 +424,6 @@ def plot_rate(pic: RunPicture) -> Figure:
     _mark_time_axis(ax, pic)
     ax.set_xlabel("seconds since the first record")
     ax.set_ylabel("records per second")
-    ax.set_title("Append rate")
     ax.legend(fontsize=7)
     _place(fig, _number_chars(rates), ylabel=True)
     return fig
