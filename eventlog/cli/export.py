@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import fcntl
 import functools
 import hashlib
 import io
@@ -23,6 +24,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 import typing
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -445,16 +447,47 @@ PENDING = 50_000
 number of event types (each table also writes when it alone holds BATCH rows)."""
 
 
-def _new_partial(folder: Path, name: str) -> Path:
+def _new_partial(folder: Path, name: str, held: contextlib.ExitStack) -> Path:
     """A new file of its own in `folder` for table `name` while it is written, made as any
-    file the command writes is (its mode from the umask: mkstemp's 0600 stayed the table's)."""
+    file the command writes is (its mode from the umask: mkstemp's 0600 stayed the table's),
+    and locked until `held` closes: a partial no one holds was left by a killed export."""
     while True:
         path = folder / f".{name}.{secrets.token_hex(4)}.partial"
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except FileExistsError:
             continue
+        held.callback(os.close, fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         return path
+
+
+_PARTIAL = re.compile(r"\..+\.[0-9a-f]{8}\.partial", re.DOTALL)
+
+JUST_MADE_S = 2.0
+"""A partial younger than this may be one whose export has made it and not yet locked it."""
+
+
+def _remove_abandoned_partials(folder: Path) -> None:
+    """Remove the partial tables of exports into `folder` that died (SIGKILL, a lost host):
+    hidden, they stayed forever. A live export holds a lock on each of its own."""
+    for path in folder.iterdir():
+        if not _PARTIAL.fullmatch(path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile, a link, not ours to read
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < JUST_MADE_S:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: an export is writing it
+            continue
+        else:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 class _Sink:
@@ -672,7 +705,7 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         refuse_writing_onto_log(target, path)  # a table named like the log, or a hard link
         if path.is_dir():
             raise CliUsageError(f"{path}: is a folder, where this export writes a table")
-        partial = _new_partial(output, path.name)
+        partial = _new_partial(output, path.name, held)
         try:
             sink = _Sink(form.open(partial, spec), form, partial, path)
         except BaseException:
@@ -681,11 +714,17 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         opened.append(sink)
         return sink
 
-    with writing_output(output), open_log(target) as log, collector.paused(long=True):
+    with (
+        writing_output(output),
+        open_log(target) as log,
+        collector.paused(long=True),
+        contextlib.ExitStack() as held,
+    ):
         # The cyclic collector rests: every chunk makes ~10^5 acyclic objects (events, dicts,
         # texts), freed by their reference counts; collections scanning them were a third of
         # the command's CPU.
         output.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_partials(output)
         head = log.head()
         most, ranges = seq_chunks(log, 1, head, BATCH)
         vocabulary = portable_vocabulary()

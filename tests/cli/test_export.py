@@ -8,10 +8,12 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import fcntl
 import gc
 import hashlib
 import json
 import os
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -26,6 +28,7 @@ from hypothesis import strategies as st
 
 from eventlog import codec
 from eventlog.chain import link
+from eventlog.cli import export as export_module
 from eventlog.events import Event, event_types
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
@@ -416,6 +419,62 @@ def test_tables_are_files_like_any_other_and_partials_have_names_of_their_own(
         ".records.jsonl.partial": 0o644,
     }
     assert other.read_text() == "another export's table, half written\n"
+
+
+def test_partial_tables_of_a_killed_export_are_removed_by_the_next_one(
+    log_file: str, tmp_path: Path
+) -> None:
+    """An export killed (SIGKILL, a lost host) left its hidden partial tables forever. The
+    next export into the folder removes those no live export holds: one a live export is
+    writing (locked), one just made (its lock may not be taken yet) and other files stay."""
+    append_notes(log_file, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    names = {
+        "killed": ".records.jsonl.0badc0de.partial",
+        "killed_type_table": ".CliNote.jsonl.12345678.partial",
+        "live": ".records.jsonl.feedf00d.partial",
+        "just_made": ".CliNote.jsonl.87654321.partial",
+        "not_ours": ".records.jsonl.partial",
+    }
+    for name in names.values():
+        (out / name).write_text("half a table\n")
+    old = time.time() - 60
+    for key in ("killed", "killed_type_table", "live", "not_ours"):
+        os.utime(out / names[key], (old, old))
+    with open(out / names["live"]) as live:
+        fcntl.flock(live, fcntl.LOCK_EX)  # as the export writing it holds it
+        result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    left = {p.name for p in out.iterdir()}
+    assert left == {"records.jsonl", "CliNote.jsonl"} | {
+        names[key] for key in ("live", "just_made", "not_ours")
+    }
+
+
+def test_an_export_holds_its_partials_while_it_writes(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the next export's clean-up relies on: each partial is locked while written."""
+    append_notes(log_file, 2)
+    out = tmp_path / "out"
+    seen: list[tuple[str, bool]] = []  # (table, held by the export) at each flush
+    flush = export_module._Sink.flush
+
+    def flush_and_look(sink: Any) -> None:
+        with open(sink.partial) as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                seen.append((sink.path.name, True))
+            else:
+                seen.append((sink.path.name, False))
+        flush(sink)
+
+    monkeypatch.setattr(export_module._Sink, "flush", flush_and_look)
+    result = cli("export", log_file, "--format", "jsonl", "--jobs", "1", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert set(seen) == {("CliNote.jsonl", True), ("records.jsonl", True)}
 
 
 def test_an_export_failing_before_its_first_chunk_leaves_no_partial_table(
