@@ -75,13 +75,26 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'eventlog' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # a type checker sees the imports above, and no catch-all
+
+    def __getattr__(name: str) -> Any:
+        """A public name, loaded from its home; or a submodule (`eventlog.codec` after
+        `import eventlog`, as when the package imported its modules eagerly)."""
+        home = _HOMES.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home), name)
+        else:
+            try:
+                value = importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_HOMES})
 
 
 __all__ = [

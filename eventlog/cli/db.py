@@ -3,6 +3,8 @@ and, on PostgreSQL, the roles that may write and audit it."""
 
 from __future__ import annotations
 
+import re
+
 import click
 from alembic.util.exc import CommandError
 
@@ -67,6 +69,9 @@ def upgrade(target: str, revision: str) -> None:
 @click.argument("revision")
 def downgrade(target: str, revision: str) -> None:
     """Migrate TARGET down to REVISION (`base` drops every table: the log is gone)."""
+    for given in (target, revision):  # unknown options reach here too: only -N is a REVISION
+        if given.startswith("-") and not re.fullmatch(r"-[0-9]+", given):
+            raise click.NoSuchOption(given)
     require_existing(target)
     before, after = _migrate(target, revision, "downgrade")
     click.echo(f"{shown_target(target)}: downgraded {before or '(empty)'} -> {after or '(empty)'}")

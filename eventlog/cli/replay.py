@@ -19,7 +19,7 @@ import click
 
 from eventlog import codec
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.numbers import Number
+from eventlog.cli.numbers import number
 from eventlog.cli.output import nearest, seq_progress, stderr_console, stdout_console
 from eventlog.cli.targets import open_log, run_target
 from eventlog.cli.times import format_ns, time_option
@@ -132,14 +132,14 @@ def make_replay(selectors: Sequence[Selector], marker: Marker | None = None) -> 
 )
 @click.option(
     "--from-seq",
-    type=Number(min=1),
+    type=number(min=1),
     default=1,
     show_default=True,
     metavar="SEQ",
     help="First seq to show.",
 )
 @click.option(
-    "--until-seq", type=Number(min=1), metavar="SEQ", help="Last seq to show (inclusive)."
+    "--until-seq", type=number(min=1), metavar="SEQ", help="Last seq to show (inclusive)."
 )
 @click.option(
     "--since",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from eventlog.cli.numbers import Number
+from eventlog.cli.numbers import number
 from eventlog.cli.output import json_line, stdout_console
 from eventlog.cli.targets import open_log, sqlite_file
 from eventlog.cli.views import RecordLines, json_object, view_decoded
@@ -103,7 +103,7 @@ def _file_check(path: Path | None) -> Callable[[int], None]:
     "-n",
     "--lines",
     "count",
-    type=Number(min=0),
+    type=number(min=0),
     default=10,
     show_default=True,
     help="How many of the newest records to show first.",

@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import click
 
 from eventlog import codec
-from eventlog.cli.numbers import Number
+from eventlog.cli.numbers import number
 from eventlog.errors import EventLogError
 from eventlog.events import event_type
 from eventlog.log import EventLog
@@ -95,7 +95,7 @@ def jobs_option(work: str, chunk: int) -> Callable[[Callable[..., Any]], Callabl
     return click.option(
         "-j",
         "--jobs",
-        type=Number(min=1),
+        type=number(min=1),
         default=None,
         metavar="N",
         help=f"{work}, {chunk:,} records at a time (default: this host's CPUs, at most "

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.text import Text
 
 from eventlog.cli.exits import ExitCode
+from eventlog.cli.numbers import number
 from eventlog.cli.output import stderr_console, stdout_console
 from eventlog.cli.targets import shown_target
 from eventlog.demo.checks import DemoCheck, check_run
@@ -82,24 +83,24 @@ def _model_dir(chosen: str | None, console: Console) -> Path:
 )
 @click.option(
     "--steps",
-    type=click.IntRange(min=3),
+    type=number(min=3),
     default=3,
     show_default=True,
     help="Train steps (3 or more: the kill lands after step 1's checkpoint, before the last).",
 )
-@click.option("--groups", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--siblings", type=click.IntRange(min=2), default=4, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(min=8), default=24, show_default=True)
+@click.option("--groups", type=number(min=1), default=4, show_default=True)
+@click.option("--siblings", type=number(min=2), default=4, show_default=True)
+@click.option("--max-tokens", type=number(min=8), default=24, show_default=True)
 @click.option(
     "--slots",
-    type=click.IntRange(min=1),
+    type=number(min=1),
     default=8,
     show_default=True,
     help="Attempts in flight at once.",
 )
 @click.option(
     "--kill-after-seals",
-    type=click.IntRange(min=1),
+    type=number(min=1),
     default=2,
     show_default=True,
     help="SIGKILL the controller once this many sibling results were sealed after the "

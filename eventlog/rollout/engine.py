@@ -52,6 +52,7 @@ from typing import Literal
 
 import click
 
+from eventlog.cli.numbers import number
 from eventlog.recovery.errors import ConfigError, RolloutError
 from eventlog.rollout.sampling import SampleDelta, Sampling
 
@@ -404,9 +405,9 @@ def _sampled_logprobs(
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", required=True, help="local Hugging Face model directory")
 @click.option("--prompt", default="Question: what is 2 + 3? Answer:", show_default=True)
-@click.option("--max-tokens", type=int, default=16, show_default=True)
-@click.option("--n", type=int, default=1, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-tokens", type=number(), default=16, show_default=True)
+@click.option("--n", type=number(), default=1, show_default=True)
+@click.option("--seed", type=number(), default=0, show_default=True)
 def command(model: str, prompt: str, max_tokens: int, n: int, seed: int) -> None:
     """Check that a model directory serves: generate from --prompt and print the samples."""
 

@@ -9,6 +9,7 @@ alembic cost a command such as `eventlog inspect` a quarter of its run.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from eventlog.store.postgres import migration_lock_sql
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 HEAD_REVISION = "0004"
 """The newest revision in migrations/versions, known without loading alembic's scripts
@@ -115,17 +117,45 @@ def _refuse_going_back(config: Config, *, target: str, current: str, revision: s
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(config)
-    try:
-        wanted = "base" if revision == "base" else script.get_revision(revision).revision
-    except Exception:  # a relative step, a branch, no such revision: alembic's own answer
+    order = ["base", *(found.revision for found in reversed(list(script.walk_revisions())))]
+    wanted = _destination(script, order, current, revision)
+    if wanted is None or order.index(wanted) >= order.index(current):
         return
-    earlier = {found.revision for found in script.iterate_revisions(current, "base")}
-    if wanted != current and (wanted == "base" or wanted in earlier):
-        raise LogRevisionError(
-            f"{target}: cannot upgrade to {revision!r}: the log is at revision {current}, "
-            "past it; an upgrade only moves forward",
-            hint=f"to move back, `eventlog db downgrade {target} {wanted}`",
-        )
+    named = "" if wanted == revision else f"that is revision {wanted}, and "
+    raise LogRevisionError(
+        f"{target}: cannot upgrade to {revision!r}: {named}the log is at {current}, past it; "
+        "an upgrade only moves forward",
+        hint=(
+            f"to move back, `eventlog db downgrade {target} {wanted}`"
+            if wanted != "base"
+            else "base is no schema at all: a downgrade to it drops the log, every record"
+        ),
+    )
+
+
+def _destination(
+    script: ScriptDirectory, order: list[str], current: str, revision: str
+) -> str | None:
+    """The revision `revision` names in this program's linear history (`order`, base first):
+    an id or its prefix, head, base, or one of those (the current revision if none) plus or
+    minus steps. None where alembic must answer: no such revision, a step past either end."""
+    relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]+))?", revision)
+    assert relative is not None  # every text matches
+    anchor, sign, steps = relative.groups()
+    if not anchor:
+        anchor = current
+    if anchor in ("head", "heads"):
+        anchor = order[-1]
+    elif anchor != "base":
+        try:
+            found = script.get_revision(anchor)
+        except Exception:  # no such revision, an ambiguous prefix: alembic's own answer
+            return None
+        if found is None:
+            return None
+        anchor = found.revision
+    at = order.index(anchor) + (int(steps) if sign == "+" else -int(steps) if sign else 0)
+    return order[at] if 0 <= at < len(order) else None
 
 
 def _serialized(conn: Connection) -> None:

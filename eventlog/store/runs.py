@@ -81,12 +81,12 @@ def with_run(target: str, run: str | None) -> str:
     """`target` with `run` named in it (a path or URL as given when `run` is None)."""
     if run is None:
         return target
-    if "://" not in target:
+    url = sa.make_url(target) if "://" in target else None
+    if url is None or url.drivername.startswith("sqlite"):
         raise InvalidEventError(
             f"run {run!r}: runs share a PostgreSQL database; on SQLite each run is a file "
             "of its own (open that file instead)"
         )
-    url = sa.make_url(target)
     given = url.query.get(RUN_PARAM)
     if given is not None and given != run:
         raise InvalidEventError(f"run {run!r} asked for, but the target names run {given!r}")

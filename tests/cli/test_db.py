@@ -90,22 +90,44 @@ def test_db_downgrade_takes_a_relative_step_without_a_double_dash(log_file: str)
     assert result.stdout == f"{log_file}: downgraded {HEAD_REVISION} -> {below}\n"
 
 
-@pytest.mark.parametrize("revision", ["0001", "base"])
+@pytest.mark.parametrize(
+    ("revision", "names"),
+    [("0001", "0001"), ("head-1", "0003"), ("base+1", "0001"), ("-1", "0003")],
+)
 def test_an_upgrade_to_an_earlier_revision_is_refused_not_called_done(
-    log_file: str, revision: str
+    log_file: str, revision: str, names: str
 ) -> None:
     """alembic upgrades to an earlier revision by doing nothing: it said 'already at 0004'
-    (exit 0) to someone who asked for 0001."""
+    (exit 0) to someone who asked for 0001, or for head-1."""
     refused = cli("db", "upgrade", log_file, "--revision", revision)
     assert refused.exit_code == 3
+    named = "" if names == revision else f"that is revision {names}, and "
     assert refused.stderr.splitlines() == [
-        f"error: {log_file}: cannot upgrade to {revision!r}: the log is at revision "
+        f"error: {log_file}: cannot upgrade to {revision!r}: {named}the log is at "
         f"{HEAD_REVISION}, past it; an upgrade only moves forward",
-        f"hint: to move back, `eventlog db downgrade {log_file} {revision}`",
+        f"hint: to move back, `eventlog db downgrade {log_file} {names}`",
     ]
     assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
     again = cli("db", "upgrade", log_file, "--revision", str(HEAD_REVISION))
     assert again.stdout == f"{log_file}: already at revision {HEAD_REVISION}\n"
+
+
+def test_an_upgrade_to_base_hints_at_no_command_that_drops_the_log(log_file: str) -> None:
+    refused = cli("db", "upgrade", log_file, "--revision", "base")
+    assert refused.exit_code == 3
+    assert refused.stderr.splitlines()[1] == (
+        "hint: base is no schema at all: a downgrade to it drops the log, every record"
+    )
+
+
+@pytest.mark.parametrize("args", [["{log}", "--bogus"], ["--bogus", "{log}"]])
+def test_db_downgrade_takes_no_unknown_option_for_an_argument(
+    log_file: str, args: list[str]
+) -> None:
+    """Taking -1 as REVISION must not take every unknown option as an argument."""
+    refused = cli("db", "downgrade", *(a.format(log=log_file) for a in args))
+    assert refused.exit_code == 2 and "No such option '--bogus'" in refused.output
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
 def test_an_empty_revision_is_a_usage_error_naming_it(log_file: str) -> None:

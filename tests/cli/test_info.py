@@ -23,8 +23,9 @@ def test_info_reports_id_revision_head_and_chain(log_file: str) -> None:
 
 
 def test_an_edited_creation_time_is_shown_as_it_is_stored(log_file: str) -> None:
-    """The meta table is text: '²' or a number past any time was exit 70."""
-    for stored in ("\u00b2", "99999999999999999999999"):
+    """The meta table is text: '²' or a number past any time was exit 70, and '٣' was
+    read as 3 ns past 1970."""
+    for stored in ("\u00b2", "99999999999999999999999", "\u0663"):
         sql(log_file, f"UPDATE log_meta SET value = '{stored}' WHERE key = 'created_at_ns'")
         result = cli("info", log_file, "--json")
         assert result.exit_code == 0, result.stderr

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -102,8 +103,8 @@ def test_runs_of_an_sqlite_file_is_the_file_and_a_run_name_is_refused(log_file: 
     assert [(r["run"], r["head"], r["state"]) for r in rows] == [
         ("default", 1, "no controller records")
     ]
-    for command in ("info", "runs"):  # `runs` ignored it, listing the file's run
-        refused = CliRunner().invoke(main, ["--run", "a", command, log_file])
+    for command, target in itertools.product(("info", "runs"), (log_file, f"sqlite:///{log_file}")):
+        refused = CliRunner().invoke(main, ["--run", "a", command, target])  # `runs` ignored it
         assert refused.exit_code == 2 and "each run is a file of its own" in refused.output
         assert "Traceback" not in refused.output
 

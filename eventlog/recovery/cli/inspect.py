@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.numbers import Number
+from eventlog.cli.numbers import number
 from eventlog.cli.output import json_line, nearest, printable, shown_ids, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.cli.views import RecordLines, json_object, view_decoded
@@ -366,7 +366,7 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
 
 @inspect.command("step")
 @click.argument("target")
-@click.argument("step", type=Number(), metavar="N")
+@click.argument("step", type=number(), metavar="N")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def step_command(target: str, step: int, as_json: bool) -> None:
     """Step N of TARGET's run: its records (after step N-1 ended, up to where N ended: its

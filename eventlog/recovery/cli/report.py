@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.numbers import Number
+from eventlog.cli.numbers import number
 from eventlog.cli.output import printable, stdout_console
 from eventlog.cli.targets import (
     OutputPath,
@@ -404,7 +404,7 @@ def plot_rate(pic: RunPicture) -> Figure:
         ax.text(
             0.5,
             0.5,
-            "no rate to draw: the records span no time (first "
+            "no rate to draw: the last record is not timed after the first (first "
             f"{format_ns(pic.first_ns)}, last {format_ns(pic.last_ns)})",
             transform=ax.transAxes,
             ha="center",
@@ -543,7 +543,7 @@ def render(target: str, pic: RunPicture, drawn: Iterable[str] | None = None) -> 
 @click.option(
     "-j",
     "--jobs",
-    type=Number(min=1),
+    type=number(min=1),
     default=None,
     metavar="N",
     help="Processes that draw the plots, started while this one reads the log (default: "

@@ -15,7 +15,7 @@ import click
 import msgspec
 
 from eventlog.cli.exits import CliUsageError
-from eventlog.cli.numbers import Number
+from eventlog.cli.numbers import number
 from eventlog.cli.output import json_line, printable, shown_ids, stdout_console
 from eventlog.cli.targets import open_log, shown_target
 from eventlog.log import EventLog
@@ -118,9 +118,9 @@ def chosen_point(log: EventLog, at: int | None, step: int | None, checkpoint: in
 
 @click.command()
 @click.argument("target")
-@click.option("--at", type=Number(), metavar="SEQ", help="The state right after record SEQ.")
-@click.option("--step", type=Number(), metavar="N", help="The state at the end of step N.")
-@click.option("--checkpoint", type=Number(), metavar="N", help="The state at step N's checkpoint.")
+@click.option("--at", type=number(), metavar="SEQ", help="The state right after record SEQ.")
+@click.option("--step", type=number(), metavar="N", help="The state at the end of step N.")
+@click.option("--checkpoint", type=number(), metavar="N", help="The state at step N's checkpoint.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def state(
     target: str, at: int | None, step: int | None, checkpoint: int | None, as_json: bool

@@ -1,0 +1,43 @@
+"""The package root: its public names load on first use, each from its home module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import eventlog
+
+
+def test_every_public_name_resolves_from_its_home() -> None:
+    """A name in __all__ that the lazy table lacks fails `from eventlog import *`."""
+    namespace: dict[str, object] = {}
+    exec("from eventlog import *", namespace)
+    assert set(eventlog.__all__) <= set(namespace)
+    for name in eventlog.__all__:
+        home = getattr(namespace[name], "__module__", "eventlog.records")  # ANY, NO_STREAM
+        assert home.startswith("eventlog.") and name in vars(sys.modules[home]), name
+
+
+def test_submodules_and_public_names_are_attributes_of_a_fresh_import() -> None:
+    """`import eventlog; eventlog.codec` worked when the root imported its modules eagerly;
+    dir() lists the public names before any is used (help(), completion)."""
+    probe = (
+        "import json, eventlog; "
+        "print(json.dumps([eventlog.codec.__name__, 'EventLog' in dir(eventlog)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == '["eventlog.codec", true]'
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        getattr(eventlog, "no_such_name")  # noqa: B009
+
+
+def test_importing_the_root_loads_no_database_library() -> None:
+    """What lets the console script catch Ctrl-C before SQLAlchemy loads."""
+    probe = (
+        "import sys, eventlog; print(sorted(m for m in sys.modules "
+        "if m.startswith(('sqlalchemy', 'msgspec', 'click'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
