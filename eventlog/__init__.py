@@ -83,6 +83,8 @@ if not TYPE_CHECKING:  # a type checker sees the imports above, and no catch-all
         home = _HOMES.get(name)
         if home is not None:
             value = getattr(importlib.import_module(home), name)
+        elif not name.isidentifier():  # '.', 'cli.db': no submodule of this package
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         else:
             try:
                 value = importlib.import_module(f"{__name__}.{name}")

@@ -105,3 +105,16 @@ def test_a_model_directory_without_config_json_is_refused(tmp_path: Path) -> Non
 
     with pytest.raises(ConfigError, match=r"config\.json"):
         EngineConfig(model=str(tmp_path))
+
+
+@pytest.mark.parametrize("option", ["--n", "--max-tokens"])
+def test_the_model_check_refuses_a_count_below_one_before_loading_a_model(
+    tmp_path: Path, option: str
+) -> None:
+    """`--n 0` was refused by Sampling only after the engine had loaded the model."""
+    from click.testing import CliRunner
+
+    from eventlog.rollout.engine import command
+
+    result = CliRunner().invoke(command, ["--model", str(tmp_path), option, "0"])
+    assert result.exit_code == 2 and "0 is not in the range x>=1" in result.output

@@ -42,7 +42,8 @@ def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, st
         )
     except CommandError as exc:
         raise LogRevisionError(f"{shown}: cannot {direction} to {revision!r}: {exc}") from exc
-    except AssertionError as exc:  # alembic's answer to a step past the ends, e.g. head+1
+    except (AssertionError, ValueError) as exc:  # alembic's answer to a step past the ends
+        # (head+1), or of more digits than int() takes
         raise LogRevisionError(
             f"{shown}: cannot {direction} to {revision!r}: no such revision"
         ) from exc
@@ -64,14 +65,23 @@ def upgrade(target: str, revision: str) -> None:
         click.echo(f"{shown_target(target)}: upgraded {before or '(empty)'} -> {after}")
 
 
-@db.command(context_settings={"ignore_unknown_options": True})  # REVISION may be -1
+class _StepsBack(click.Command):
+    """`db downgrade LOG -1`: a relative step is REVISION, where click took `-1` for an
+    unknown option (only `db downgrade LOG -- -1` worked)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" not in args:
+            steps = [i for i, arg in enumerate(args) if re.fullmatch(r"-[0-9]+", arg)]
+            if steps:
+                args = [*args[: steps[0]], "--", *args[steps[0] :]]
+        return super().parse_args(ctx, args)
+
+
+@db.command(cls=_StepsBack)
 @click.argument("target")
 @click.argument("revision")
 def downgrade(target: str, revision: str) -> None:
     """Migrate TARGET down to REVISION (`base` drops every table: the log is gone)."""
-    for given in (target, revision):  # unknown options reach here too: only -N is a REVISION
-        if given.startswith("-") and not re.fullmatch(r"-[0-9]+", given):
-            raise click.NoSuchOption(given)
     require_existing(target)
     before, after = _migrate(target, revision, "downgrade")
     click.echo(f"{shown_target(target)}: downgraded {before or '(empty)'} -> {after or '(empty)'}")

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 import typing
@@ -458,11 +459,12 @@ def _new_partial(folder: Path, name: str, held: contextlib.ExitStack) -> Path:
         except FileExistsError:
             continue
         held.callback(os.close, fd)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # no locks here (some network file systems): none
+            fcntl.flock(fd, fcntl.LOCK_EX)  # is taken, and no clean-up can take one either
         return path
 
 
-_PARTIAL = re.compile(r"\..+\.[0-9a-f]{8}\.partial", re.DOTALL)
+_PARTIAL = re.compile(r"\..+\.(?:parquet|jsonl|csv)\.[0-9a-f]{8}\.partial", re.DOTALL)
 
 JUST_MADE_S = 2.0
 """A partial younger than this may be one whose export has made it and not yet locked it."""
@@ -474,18 +476,18 @@ def _remove_abandoned_partials(folder: Path) -> None:
     for path in folder.iterdir():
         if not _PARTIAL.fullmatch(path.name):
             continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:  # not blocking: a FIFO named like a partial hung the export
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:  # gone meanwhile, a link, not ours to read
             continue
         try:
-            if time.time() - os.fstat(fd).st_mtime < JUST_MADE_S:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or time.time() - found.st_mtime < JUST_MADE_S:
                 continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: an export is writing it
+            path.unlink()
+        except OSError:  # held (an export is writing it), no locks here, not ours to remove
             continue
-        else:
-            path.unlink(missing_ok=True)
         finally:
             os.close(fd)
 

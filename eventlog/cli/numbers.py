@@ -20,7 +20,7 @@ MAX_DIGITS = 4000
 def whole_number(text: str) -> int | None:
     """`text` as an int if it is one written in ASCII digits (with an optional '-') and at
     most MAX_DIGITS of them, else None."""
-    return int(text) if _WHOLE.fullmatch(text) and len(text) <= MAX_DIGITS else None
+    return int(text) if _WHOLE.fullmatch(text) and len(text.lstrip("-")) <= MAX_DIGITS else None
 
 
 def _refusal(text: str) -> str:

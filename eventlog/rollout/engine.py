@@ -405,8 +405,8 @@ def _sampled_logprobs(
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", required=True, help="local Hugging Face model directory")
 @click.option("--prompt", default="Question: what is 2 + 3? Answer:", show_default=True)
-@click.option("--max-tokens", type=number(), default=16, show_default=True)
-@click.option("--n", type=number(), default=1, show_default=True)
+@click.option("--max-tokens", type=number(min=1), default=16, show_default=True)
+@click.option("--n", type=number(min=1), default=1, show_default=True)
 @click.option("--seed", type=number(), default=0, show_default=True)
 def command(model: str, prompt: str, max_tokens: int, n: int, seed: int) -> None:
     """Check that a model directory serves: generate from --prompt and print the samples."""

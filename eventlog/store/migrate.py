@@ -139,7 +139,7 @@ def _destination(
     """The revision `revision` names in this program's linear history (`order`, base first):
     an id or its prefix, head, base, or one of those (the current revision if none) plus or
     minus steps. None where alembic must answer: no such revision, a step past either end."""
-    relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]+))?", revision)
+    relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]{1,9}))?", revision)
     assert relative is not None  # every text matches
     anchor, sign, steps = relative.groups()
     if not anchor:

@@ -120,6 +120,28 @@ def test_an_upgrade_to_base_hints_at_no_command_that_drops_the_log(log_file: str
     )
 
 
+def test_a_step_of_more_digits_than_int_takes_is_no_such_revision(log_file: str) -> None:
+    """It was exit 70 (int() refuses 4,300 digits and more), in alembic or in ours."""
+    steps = "9" * 5000
+    for args in (
+        ["upgrade", log_file, f"--revision=+{steps}"],
+        ["downgrade", log_file, f"-{steps}"],
+    ):
+        refused = cli("db", *args)
+        assert refused.exit_code == 3, refused.output
+        assert refused.stderr.endswith(": no such revision\n")
+
+
+def test_a_log_whose_name_starts_with_a_dash_downgrades_after_a_double_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli("init", "./-x.db").exit_code == 0
+    result = cli("db", "downgrade", "--", "-x.db", "0003")
+    assert result.exit_code == 0, result.output
+    assert query(str(tmp_path / "-x.db"), "SELECT version_num FROM alembic_version") == [("0003",)]
+
+
 @pytest.mark.parametrize("args", [["{log}", "--bogus"], ["--bogus", "{log}"]])
 def test_db_downgrade_takes_no_unknown_option_for_an_argument(
     log_file: str, args: list[str]

@@ -452,6 +452,64 @@ def test_partial_tables_of_a_killed_export_are_removed_by_the_next_one(
     }
 
 
+def test_what_only_looks_like_a_partial_is_left_and_does_not_stop_the_export(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO named like a partial hung every export into the folder (a blocking open); a
+    folder so named, or a partial the exporter may not remove (another user's in a sticky
+    folder), failed it."""
+    append_notes(log_file, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    fifo, folder = out / ".records.jsonl.0badc0de.partial", out / ".CliNote.jsonl.0badcafe.partial"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    stuck = out / ".records.csv.12345678.partial"
+    stuck.write_text("another user's\n")
+    old = time.time() - 60
+    for path in (fifo, folder, stuck):
+        os.utime(path, (old, old))
+    unlink = Path.unlink
+
+    def refused_for_stuck(path: Path, missing_ok: bool = False) -> None:
+        if path == stuck:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused_for_stuck)
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert {p.name for p in out.iterdir()} == {
+        "records.jsonl",
+        "CliNote.jsonl",
+        fifo.name,
+        folder.name,
+        stuck.name,
+    }
+
+
+def test_where_files_cannot_be_locked_exports_work_and_remove_no_partial(
+    log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a file system without locks (NFS without its lock daemon) no export can tell a
+    live partial from an abandoned one: it removes none, and still exports."""
+    append_notes(log_file, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    other = out / ".records.jsonl.0badc0de.partial"
+    other.write_text("half a table\n")
+    old = time.time() - 60
+    os.utime(other, (old, old))
+
+    def no_locks(fd: object, operation: int) -> None:
+        raise OSError(37, "No locks available")  # ENOLCK
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    result = cli("export", log_file, "--format", "jsonl", "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert {p.name for p in out.iterdir()} == {"records.jsonl", "CliNote.jsonl", other.name}
+
+
 def test_an_export_holds_its_partials_while_it_writes(
     log_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,14 @@ THREE = "\u0663"  # ٣
 
 @pytest.mark.parametrize(
     ("text", "number"),
-    [("3", 3), ("-2", -2), ("0", 0), ("007", 7), ("9" * 41, int("9" * 41))],
+    [
+        ("3", 3),
+        ("-2", -2),
+        ("0", 0),
+        ("007", 7),
+        ("9" * 41, int("9" * 41)),
+        ("-" + "9" * 4000, -int("9" * 4000)),
+    ],
 )
 def test_ascii_digits_are_a_number(text: str, number: int) -> None:
     assert whole_number(text) == number
