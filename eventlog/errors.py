@@ -6,6 +6,8 @@ what was expected and what was found, so that a one-line CLI report is enough to
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class EventLogError(Exception):
     """Base of every error eventlog raises deliberately; the CLI prints these as one line."""
@@ -16,6 +18,23 @@ class EventLogError(Exception):
         super().__init__(message)
         if hint is not None:
             self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class, args and fields, rebuilt without its constructor: Python
+        calls `cls(*args)`, which fails for every error whose constructor takes other
+        arguments than its message, and a Ray actor's ConcurrencyError reached the caller
+        as an unpickling failure."""
+        return (rebuilt, (type(self), self.args, dict(vars(self))))
+
+
+def rebuilt(
+    cls: type[BaseException], args: tuple[Any, ...], fields: dict[str, Any]
+) -> BaseException:
+    """An exception of `cls` with these args and fields, its constructor not called."""
+    error = cls.__new__(cls)
+    error.args = args
+    vars(error).update(fields)
+    return error
 
 
 class ConcurrencyError(EventLogError):

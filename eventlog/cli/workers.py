@@ -30,7 +30,7 @@ import click
 
 from eventlog import codec
 from eventlog.cli.numbers import number
-from eventlog.errors import EventLogError
+from eventlog.errors import EventLogError, rebuilt
 from eventlog.events import event_type
 from eventlog.log import EventLog
 
@@ -150,11 +150,7 @@ class Carried:
         if self.exc is not None:
             return self.exc
         assert self.state is not None
-        cls, args, attributes = self.state
-        exc: BaseException = cls.__new__(cls)
-        exc.args = args
-        vars(exc).update(attributes)
-        return exc
+        return rebuilt(*self.state)
 
 
 def _travels(value: object) -> bool:
