@@ -24,12 +24,8 @@ def test_every_public_name_resolves_from_its_home() -> None:
 def test_submodules_and_public_names_are_attributes_of_a_fresh_import() -> None:
     """`import eventlog; eventlog.codec` worked when the root imported its modules eagerly;
     dir() lists the public names before any is used (help(), completion)."""
-    probe = (
-        "import json, eventlog; "
-        "print(json.dumps([eventlog.codec.__name__, 'EventLog' in dir(eventlog)]))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == '["eventlog.codec", true]'
+    probe = "import eventlog; print([eventlog.codec.__name__, 'EventLog' in dir(eventlog)])"
+    assert printed_by(probe) == "['eventlog.codec', True]"
     for name in ("no_such_name", ".", "..x", "cli.db"):  # only an identifier names a module
         with pytest.raises(AttributeError, match=f"has no attribute '{re.escape(name)}'"):
             getattr(eventlog, name)
@@ -37,9 +33,14 @@ def test_submodules_and_public_names_are_attributes_of_a_fresh_import() -> None:
 
 def test_importing_the_root_loads_no_database_library() -> None:
     """What lets the console script catch Ctrl-C before SQLAlchemy loads."""
+    libraries = ("sqlalchemy", "msgspec", "click")
     probe = (
-        "import sys, eventlog; print(sorted(m for m in sys.modules "
-        "if m.startswith(('sqlalchemy', 'msgspec', 'click'))))"
+        f"import sys, eventlog; print(sorted(m for m in sys.modules if m.startswith({libraries})))"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert printed_by(probe) == "[]"
+
+
+def printed_by(code: str) -> str:
+    """What `code` prints in a fresh interpreter (no module of this session loaded)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
