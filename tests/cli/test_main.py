@@ -279,7 +279,7 @@ sys.meta_path.insert(0, InterruptAt())
 """
 
 
-@pytest.mark.parametrize("module", ["click", "sqlalchemy", "msgspec", "eventlog.log"])
+@pytest.mark.parametrize("module", ["typing", "click", "sqlalchemy", "msgspec", "eventlog.log"])
 def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(
     log_file: str, tmp_path: Path, module: str
 ) -> None:
