@@ -13,8 +13,6 @@ import importlib
 
 TYPE_CHECKING = False  # typing's own, without importing typing (3 ms before Ctrl-C is caught)
 if TYPE_CHECKING:
-    from typing import Any
-
     from eventlog.errors import (
         ConcurrencyError,
         DuplicateEventError,
@@ -79,7 +77,7 @@ _HOMES = {
 
 if not TYPE_CHECKING:  # a type checker sees the imports above, and no catch-all
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         """A public name, loaded from its home; or a submodule (`eventlog.codec` after
         `import eventlog`, as when the package imported its modules eagerly)."""
         home = _HOMES.get(name)

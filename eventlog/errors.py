@@ -20,11 +20,12 @@ class EventLogError(Exception):
             self.hint = hint
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its class, args and fields, rebuilt without its constructor: Python
+        """Pickled as its class and args, rebuilt without its constructor, then given its
+        fields as pickle's state (so an error that refers to itself keeps doing so): Python
         calls `cls(*args)`, which fails for every error whose constructor takes other
         arguments than its message, and a Ray actor's ConcurrencyError reached the caller
         as an unpickling failure."""
-        return (rebuilt, (type(self), self.args, dict(vars(self))))
+        return (rebuilt, (type(self), self.args, {}), dict(vars(self)) or None)
 
 
 def rebuilt(

@@ -7,6 +7,8 @@ there (ConcurrencyError, DuplicateEventError, IntegrityError, ...)."""
 
 from __future__ import annotations
 
+import copy
+import importlib
 import pickle
 import subprocess
 import sys
@@ -22,7 +24,16 @@ from eventlog.errors import (
     LogRevisionError,
     SchemaError,
 )
-from eventlog.recovery.errors import ControllerFencedError, MissingRowsError
+from eventlog.recovery.errors import ControllerFencedError, MissingRowsError, StaleAttemptError
+from eventlog.rollout.actor import RemoteAttemptError
+
+MODULES_WITH_ERRORS = (
+    "eventlog.cli.exits",
+    "eventlog.recovery.errors",
+    "eventlog.rollout.actor",
+    "eventlog.rollout.faults",
+    "eventlog.rollout.pool",
+)
 
 ERRORS = [
     ConcurrencyError("group/g1", 3, 4),
@@ -33,7 +44,28 @@ ERRORS = [
     LogRevisionError("at 0003", hint="run `eventlog db upgrade`"),
     ControllerFencedError("controller/epoch", held_epoch=2, current_epoch=3, by=" by host b"),
     MissingRowsError("rollout_staging", ["g1_g0/call-0"]),
+    StaleAttemptError(
+        "g1_g0-a1 is superseded",
+        group_id="g1",
+        generation_index=0,
+        rollout_id="g1_g0-a1",
+        current_rollout_id="g1_g0-a2",
+    ),
+    RemoteAttemptError("vLLM died", error_type="EngineDeadError"),
 ]
+
+
+def _every_error_class() -> set[type[EventLogError]]:
+    """Every error class of the package (the modules that define some, imported)."""
+    for module in MODULES_WITH_ERRORS:
+        importlib.import_module(module)
+    found: set[type[EventLogError]] = set()
+    todo: list[type[EventLogError]] = [EventLogError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 def _same(found: BaseException, error: BaseException) -> None:
@@ -44,6 +76,27 @@ def _same(found: BaseException, error: BaseException) -> None:
 @pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
 def test_an_error_unpickles_as_itself_with_its_fields(error: EventLogError) -> None:
     _same(pickle.loads(pickle.dumps(error)), error)
+
+
+def test_every_error_class_travels() -> None:
+    """Each class that takes a message alone is tried here; each other one must be in ERRORS
+    (a new error class with a constructor of its own fails this until it is)."""
+    tried = {type(error) for error in ERRORS}
+    for cls in _every_error_class() - tried:
+        try:
+            error = cls("a message")
+        except TypeError:
+            pytest.fail(f"{cls.__qualname__} takes other arguments: add it to ERRORS")
+        _same(pickle.loads(pickle.dumps(error)), error)
+
+
+def test_an_error_that_refers_to_itself_still_does_after_the_trip() -> None:
+    """Fields given to the rebuilding call (not as pickle's state) recursed without end."""
+    error = ConcurrencyError("group/g1", 3, 4)
+    error.me = error  # type: ignore[attr-defined]
+    error.related = [error]  # type: ignore[attr-defined]
+    for found in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error)):
+        assert vars(found)["me"] is found and vars(found)["related"][0] is found
 
 
 def test_an_error_raised_in_another_process_arrives_as_itself() -> None:
