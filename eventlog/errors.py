@@ -25,7 +25,7 @@ class EventLogError(Exception):
         calls `cls(*args)`, which fails for every error whose constructor takes other
         arguments than its message, and a Ray actor's ConcurrencyError reached the caller
         as an unpickling failure."""
-        return (rebuilt, (type(self), self.args, {}), dict(vars(self)) or None)
+        return (rebuilt, (type(self), self.args, {}), dict(vars(self)))
 
 
 def rebuilt(

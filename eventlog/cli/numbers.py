@@ -30,7 +30,10 @@ def _refusal(text: str) -> str:
 
 
 def _require_digits(
-    kind: click.types.IntParamType, value: Any, param: click.Parameter | None, ctx: Any
+    kind: click.types.IntParamType,
+    value: Any,
+    param: click.Parameter | None,
+    ctx: click.Context | None,
 ) -> None:
     if isinstance(value, str) and whole_number(value) is None:
         kind.fail(_refusal(value), param, ctx)

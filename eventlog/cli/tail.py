@@ -118,13 +118,13 @@ def tail(target: str, count: int, follow: bool, as_json: bool) -> None:
     """
     show = _printer(as_json)
     with open_log(target) as log:
-        still_the_file = _file_check(sqlite_file(target))
         head = log.head()
         start = max(head - count + 1, 1)
         if not follow:
             for record in log.read(start, head):  # not what is appended meanwhile
                 show(record)
             return
+        still_the_file = _file_check(sqlite_file(target))  # the file open_log opened
         try:
             _follow(log, start, show, still_the_file)
         except KeyboardInterrupt:

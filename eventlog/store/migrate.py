@@ -142,19 +142,12 @@ def _destination(
     relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]{1,9}))?", revision)
     assert relative is not None  # every text matches
     anchor, sign, steps = relative.groups()
-    if not anchor:
-        anchor = current
-    if anchor in ("head", "heads"):
-        anchor = order[-1]
-    elif anchor != "base":
-        try:
-            found = script.get_revision(anchor)
-        except Exception:  # no such revision, an ambiguous prefix: alembic's own answer
-            return None
-        if found is None:
-            return None
-        anchor = found.revision
-    at = order.index(anchor) + (int(steps) if sign == "+" else -int(steps) if sign else 0)
+    try:  # alembic names head, heads and prefixes; base is no revision (None)
+        found = script.get_revision(anchor or current)
+    except Exception:  # no such revision, an ambiguous prefix: alembic's own answer
+        return None
+    at = order.index("base" if found is None else found.revision)
+    at += int(steps) if sign == "+" else -int(steps) if sign else 0
     return order[at] if 0 <= at < len(order) else None
 
 

@@ -457,7 +457,7 @@ def test_what_only_looks_like_a_partial_is_left_and_does_not_stop_the_export(
 ) -> None:
     """A FIFO named like a partial hung every export into the folder (a blocking open); a
     folder so named, or a partial the exporter may not remove (another user's in a sticky
-    folder), failed it."""
+    folder), failed it. A link, or a file of no table format, is not an export's partial."""
     append_notes(log_file, 2)
     out = tmp_path / "out"
     out.mkdir()
@@ -466,8 +466,14 @@ def test_what_only_looks_like_a_partial_is_left_and_does_not_stop_the_export(
     folder.mkdir()
     stuck = out / ".records.csv.12345678.partial"
     stuck.write_text("another user's\n")
+    not_a_table = out / ".run.db.33333333.partial"  # another program's, by its suffix
+    not_a_table.write_text("not an export's\n")
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("a file the link points at\n")
+    link = out / ".records.jsonl.44444444.partial"
+    link.symlink_to(elsewhere)
     old = time.time() - 60
-    for path in (fifo, folder, stuck):
+    for path in (fifo, folder, stuck, not_a_table, elsewhere):
         os.utime(path, (old, old))
     unlink = Path.unlink
 
@@ -485,6 +491,8 @@ def test_what_only_looks_like_a_partial_is_left_and_does_not_stop_the_export(
         fifo.name,
         folder.name,
         stuck.name,
+        not_a_table.name,
+        link.name,
     }
 
 

@@ -162,3 +162,33 @@ def test_a_log_file_replaced_or_deleted_under_the_follower_ends_it_naming_the_pa
     what = "deleted" if change == "deleted" else "replaced by another file"
     assert f"{log_file}: the log file followed was {what} (followed up to seq 1)" in said
     assert "Traceback" not in said
+
+
+@pytest.mark.postgres
+def test_tail_follows_a_postgresql_log_which_has_no_file_to_check(
+    fresh_postgres_url: str,
+) -> None:
+    """The follower's file check has nothing to stat on a server (it must not try)."""
+    assert cli("init", fresh_postgres_url).exit_code == 0
+    with EventLog.open(fresh_postgres_url) as log:
+        log.append("notes", [CliNote(text="before")])
+    with _interruptible_children():
+        proc = subprocess.Popen(
+            [*TAIL, fresh_postgres_url, "-f", "--json", "-n", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    try:
+        output = _reader(proc.stdout)
+        assert json.loads(output.get(timeout=60))["seq"] == 1
+        with EventLog.open(fresh_postgres_url) as log:
+            log.append("notes", [CliNote(text="after")])
+        assert json.loads(output.get(timeout=30))["data"]["text"] == "after"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
