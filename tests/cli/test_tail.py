@@ -44,22 +44,16 @@ def _interruptible_children() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.fixture
-def follower(log_file: str) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
-    append_notes(log_file, 1)
+TAIL = [str(EVENTLOG), "--events-module", "tests.cli_vocabulary", "tail"]
+
+
+@contextlib.contextmanager
+def following(target: str, lines: int) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
+    """`eventlog tail TARGET -f --json -n LINES` running, with a queue of its output lines;
+    killed at the end if it still runs."""
     with _interruptible_children():
         proc = subprocess.Popen(
-            [
-                str(EVENTLOG),
-                "--events-module",
-                "tests.cli_vocabulary",
-                "tail",
-                log_file,
-                "-f",
-                "--json",
-                "-n",
-                "1",
-            ],
+            [*TAIL, target, "-f", "--json", "-n", str(lines)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -71,6 +65,13 @@ def follower(log_file: str) -> Iterator[tuple[subprocess.Popen[str], queue.Queue
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def follower(log_file: str) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
+    append_notes(log_file, 1)
+    with following(log_file, 1) as running:
+        yield running
 
 
 def test_tail_follow_prints_appends_as_they_happen_and_exits_0_on_interrupt(
@@ -88,9 +89,6 @@ def test_tail_follow_prints_appends_as_they_happen_and_exits_0_on_interrupt(
     assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
 
 
-TAIL = [str(EVENTLOG), "--events-module", "tests.cli_vocabulary", "tail"]
-
-
 def test_a_log_restored_under_the_follower_ends_it_naming_the_record_it_lost(
     log_file: str, tmp_path: Path
 ) -> None:
@@ -100,16 +98,7 @@ def test_a_log_restored_under_the_follower_ends_it_naming_the_record_it_lost(
     append_notes(log_file, 1)
     assert cli("backup", log_file, str(backup)).exit_code == 0
     append_notes(log_file, 2, stream="s2")
-    with _interruptible_children():
-        proc = subprocess.Popen(
-            [*TAIL, log_file, "-f", "--json", "-n", "3"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-    try:
-        output = _reader(proc.stdout)
+    with following(log_file, 3) as (proc, output):
         assert [json.loads(output.get(timeout=60))["seq"] for _ in range(3)] == [1, 2, 3]
         with sqlite3.connect(backup) as source, sqlite3.connect(log_file) as target:
             source.backup(target)  # restored in place, as SQLite copies a database
@@ -132,10 +121,6 @@ def test_a_log_restored_under_the_follower_ends_it_naming_the_record_it_lost(
         assert "Traceback" not in said
         with pytest.raises(queue.Empty):  # no record of the other history was printed
             output.get(timeout=1)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.parametrize("change", ["renamed over", "deleted"])
@@ -172,23 +157,10 @@ def test_tail_follows_a_postgresql_log_which_has_no_file_to_check(
     assert cli("init", fresh_postgres_url).exit_code == 0
     with EventLog.open(fresh_postgres_url) as log:
         log.append("notes", [CliNote(text="before")])
-    with _interruptible_children():
-        proc = subprocess.Popen(
-            [*TAIL, fresh_postgres_url, "-f", "--json", "-n", "1"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-    try:
-        output = _reader(proc.stdout)
+    with following(fresh_postgres_url, 1) as (proc, output):
         assert json.loads(output.get(timeout=60))["seq"] == 1
         with EventLog.open(fresh_postgres_url) as log:
             log.append("notes", [CliNote(text="after")])
         assert json.loads(output.get(timeout=30))["data"]["text"] == "after"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
