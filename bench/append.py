@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shutil
 import sqlite3
 import statistics
@@ -37,6 +38,7 @@ BATCHES = (1, 10, 100, 1000)
 WRITERS = (16, 64)
 ASYNC_WRITERS = (64,)
 IMPLS = ("eventlog", "raw", "eventsourcing")
+GUARANTEES = ("validation", "id_minting", "chain", "id_index")
 
 # Events per repeat, sized so the full matrix stays within ~5 minutes on 2 cores: cells bound
 # by one fsync per commit (~400/s on this machine's disk) get few events, CPU-bound ones more.
@@ -428,12 +430,15 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return targets
 
 
-def guarantee_costs(events: int = 20_000, repeats: int = 5) -> dict[str, Any]:
+def guarantee_costs(
+    workdir: Path | None = None, events: int = 20_000, repeats: int = 5
+) -> dict[str, Any]:
     """CPU per event of each guarantee's own work, measured alone on the batch plan's events
     (median of `repeats` passes), beside what the whole append costs: the validating decode
-    of every encoded event, minting its id, and its link of the hash chain. Expected
-    versions and idempotent ids cost lookups per request and per batch, not per event; they
-    show in the difference between eventlog and raw in the matrix."""
+    of every encoded event, minting its id, and its link of the hash chain; with a workdir,
+    also the unique index on event ids (`id_index_cost`). Expected versions and idempotent
+    ids also cost lookups per request and per batch, not per event; they show in the
+    difference between eventlog and raw in the matrix."""
     from eventlog import chain
     from eventlog.ids import mint_event_ids
 
@@ -470,7 +475,52 @@ def guarantee_costs(events: int = 20_000, repeats: int = 5) -> dict[str, Any]:
             work()
             samples.append((time.process_time() - started) / len(flat) * 1e6)
         out[f"{name}_cpu_us_per_event"] = round(sorted(samples)[len(samples) // 2], 3)
+    if workdir is not None:
+        out["id_index_cpu_us_per_event"] = id_index_cost(workdir, calls, repeats)
     return out
+
+
+def id_index_cost(workdir: Path, calls: Sequence[Call], repeats: int) -> float:
+    """What the unique index on event ids (idempotent ids, a guarantee eventsourcing's table
+    does without) costs a row: the raw driver's CPU per event writing the same batches
+    (SQLite NORMAL) into eventlog's table with the index and with it dropped, paired
+    passes, the median difference. The raw driver rather than eventlog: eventlog checks
+    placed ids through that index, so it cannot run without it."""
+    template = workdir / "id-index-template.db"
+    EventLog.open(template).close()
+    events = sum(len(request.events) for call in calls for request in call)
+    differences = []
+    for n in range(repeats):
+        cpu: dict[bool, float] = {}
+        for indexed in (True, False) if n % 2 == 0 else (False, True):
+            path = workdir / f"id-index-{indexed}.db"
+            shutil.copyfile(template, path)
+            if not indexed:
+                with contextlib.closing(sqlite3.connect(path)) as conn:
+                    _drop_id_index(conn)
+            appender = impls.RawSqliteAppender(path, "normal")
+            started = time.process_time()
+            for call in calls:
+                appender.append(call)
+            cpu[indexed] = (time.process_time() - started) / events * 1e6
+            appender.close()
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+        differences.append(cpu[True] - cpu[False])
+    template.unlink()
+    return round(sorted(differences)[len(differences) // 2], 3)
+
+
+def _drop_id_index(conn: sqlite3.Connection) -> None:
+    """Rebuild eventlog's table without its unique constraint on event ids: SQLite cannot
+    drop a table constraint's index, so the table is made again from its own DDL."""
+    (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()
+    without = re.sub(r",\s*CONSTRAINT uq_events_event_id UNIQUE \(event_id\)", "", ddl)
+    if without == ddl:
+        raise RuntimeError(f"no unique constraint uq_events_event_id in {ddl!r}")
+    with conn:
+        conn.execute("DROP TABLE events")  # empty: the template was made a moment ago
+        conn.execute(without)
 
 
 def add_guarantee_shares(costs: dict[str, Any], rows: Sequence[dict[str, Any]]) -> None:
@@ -482,9 +532,10 @@ def add_guarantee_shares(costs: dict[str, Any], rows: Sequence[dict[str, Any]]) 
     if row is None or not row["cpu_us_per_event"]:
         return
     costs["eventlog_cpu_us_per_event"] = row["cpu_us_per_event"]
-    for name in ("validation", "id_minting", "chain"):
-        share = costs[f"{name}_cpu_us_per_event"] / row["cpu_us_per_event"]
-        costs[f"{name}_share"] = round(share, 3)
+    for name in GUARANTEES:
+        if f"{name}_cpu_us_per_event" in costs:
+            share = costs[f"{name}_cpu_us_per_event"] / row["cpu_us_per_event"]
+            costs[f"{name}_share"] = round(share, 3)
 
 
 def read_cells(stores: Stores, repeats: int, events: int) -> list[dict[str, Any]]:
@@ -668,8 +719,8 @@ def run(
                 reason = f"PostgreSQL rows skipped: {exc}"
                 results.header["postgresql"] = {"skipped": reason}
                 console.print(f"[yellow]{reason}[/]")
+        costs = guarantee_costs(work if "sqlite" in backends else None)
     add_ratios(rows)
-    costs = guarantee_costs()
     add_guarantee_shares(costs, rows)
     results.header["guarantee_costs"] = costs
     results.header["reads"] = read_rows
@@ -681,7 +732,8 @@ def run(
         + ", ".join(
             f"{name} {costs[f'{name}_cpu_us_per_event']:.2f}"
             + (f" ({costs[f'{name}_share']:.0%})" if f"{name}_share" in costs else "")
-            for name in ("validation", "id_minting", "chain")
+            for name in GUARANTEES
+            if f"{name}_cpu_us_per_event" in costs
         ),
         highlight=False,
     )

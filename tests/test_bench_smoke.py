@@ -53,6 +53,8 @@ def test_quick_append_benchmark_writes_every_cell_with_required_keys(tmp_path: P
     assert header["cpu_count"] >= 1
     assert header["sqlite_version"]
     assert {t["status"] for t in header["targets"]} <= {"PASS", "MISS", "SKIP"}
+    for name in append.GUARANTEES:  # each guarantee's cost, the id index's included
+        assert f"{name}_cpu_us_per_event" in header["guarantee_costs"]
     assert "append throughput" in output.getvalue()
 
 
@@ -76,3 +78,31 @@ def test_raw_sqlite_baseline_writes_the_same_rows_eventlog_verifies(tmp_path: Pa
     assert report.ok, report.problems
     assert report.records == count_events(plan)
     assert first.event == plan[0][0].events[0]
+
+
+def test_the_id_index_cost_is_measured_on_a_table_without_that_index_and_only_it(
+    tmp_path: Path,
+) -> None:
+    """The id index's cost is the raw driver with the index less the raw driver without it:
+    the table measured without it must lose that index (a repeated id goes in) and keep
+    every other rule (a repeated stream version is still refused)."""
+    import sqlite3
+
+    from eventlog import EventLog
+
+    path = tmp_path / "log.db"
+    EventLog.open(path).close()
+    conn = sqlite3.connect(path)
+    append._drop_id_index(conn)
+    row = (1, "s", 1, b"i" * 16, "T", 1, 0, b"", b"c" * 32)
+    insert = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    with conn:
+        conn.execute(insert, row)
+        conn.execute(insert, (2, "s", 2, *row[3:]))  # the same event id, a second time
+    try:
+        conn.execute(insert, (3, "s", 2, b"j" * 16, *row[4:]))
+    except sqlite3.IntegrityError as exc:
+        assert "stream" in str(exc) and "version" in str(exc)
+    else:
+        raise AssertionError("the stream-version rule went with the id index")
+    conn.close()
