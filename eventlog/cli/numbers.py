@@ -46,6 +46,8 @@ class _Whole(click.types.IntParamType):
 
 
 class _WholeInRange(click.IntRange):
+    name = "integer"  # the help shows the range beside the default, not `INTEGER RANGE`
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         _require_digits(self, value, param, ctx)
         return super().convert(value, param, ctx)

@@ -79,6 +79,12 @@ def test_an_unbounded_number_option_shows_no_range_in_its_help() -> None:
     assert "--at SEQ" in shown and "None" not in shown
 
 
+def test_a_bounded_number_option_is_an_integer_in_its_help() -> None:
+    """The bounds are shown beside the default; click's own name said `INTEGER RANGE`."""
+    shown = cli("tail", "--help").output
+    assert "-n, --lines INTEGER " in shown and "RANGE" not in shown and "x>=0" in shown
+
+
 def test_the_demo_s_counts_are_ascii_digits_too() -> None:
     refused = cli("demo", "--groups", THREE)
     assert refused.exit_code == 2 and "is not a whole number written in ASCII digits" in (
