@@ -84,7 +84,11 @@ def downgrade(target: str, revision: str) -> None:
     """Migrate TARGET down to REVISION (`base` drops every table: the log is gone)."""
     require_existing(target)
     before, after = _migrate(target, revision, "downgrade")
-    click.echo(f"{shown_target(target)}: downgraded {before or '(empty)'} -> {after or '(empty)'}")
+    if before == after:
+        click.echo(f"{shown_target(target)}: already at revision {after}")
+    else:
+        shown = f"{before or '(empty)'} -> {after or '(empty)'}"
+        click.echo(f"{shown_target(target)}: downgraded {shown}")
 
 
 @db.command()

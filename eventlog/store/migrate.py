@@ -103,48 +103,67 @@ def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str |
         _serialized(conn)
         before = MigrationContext.configure(conn).get_current_revision()
         _refuse_foreign_or_newer(conn, engine, target=target, current=before)
-        if up and before is not None:
-            _refuse_going_back(config, target=target, current=before, revision=revision)
+        wanted = None if before is None else _refuse_wrong_way(config, target, before, revision, up)
         config.attributes["connection"] = conn
         (command.upgrade if up else command.downgrade)(config, revision)
         after = MigrationContext.configure(conn).get_current_revision()
+        if before is not None and after == before and wanted != before:
+            # alembic did nothing for a revision it did not name (base-1, ' -1'), and the
+            # caller said "already at": the person asked for a schema that does not exist.
+            direction = "upgrade" if up else "downgrade"
+            raise LogRevisionError(
+                f"{target}: cannot {direction} to {revision!r}: no such revision"
+            )
     return before, after or ""
 
 
-def _refuse_going_back(config: Config, *, target: str, current: str, revision: str) -> None:
-    """alembic upgrades to an earlier revision by doing nothing, and the caller said "already
-    at" the later one: the person asked for a schema the log does not have."""
+def _refuse_wrong_way(
+    config: Config, target: str, current: str, revision: str, up: bool
+) -> str | None:
+    """The revision `revision` names (None: none); refused where it lies the other way.
+    alembic upgrades to an earlier revision, or downgrades to a later one, by doing nothing,
+    and the caller said "already at": the person asked for a schema the log does not have."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(config)
     order = ["base", *(found.revision for found in reversed(list(script.walk_revisions())))]
     wanted = _destination(script, order, current, revision)
-    if wanted is None or order.index(wanted) >= order.index(current):
-        return
+    if wanted is None:
+        return None
+    ahead = order.index(wanted) - order.index(current)
     named = "" if wanted == revision else f"that is revision {wanted}, and "
-    raise LogRevisionError(
-        f"{target}: cannot upgrade to {revision!r}: {named}the log is at {current}, past it; "
-        "an upgrade only moves forward",
-        hint=(
-            f"to move back, `eventlog db downgrade {target} {wanted}`"
-            if wanted != "base"
-            else "base is no schema at all: a downgrade to it drops the log, every record"
-        ),
-    )
+    if up and ahead < 0:
+        raise LogRevisionError(
+            f"{target}: cannot upgrade to {revision!r}: {named}the log is at {current}, past "
+            "it; an upgrade only moves forward",
+            hint=(
+                f"to move back, `eventlog db downgrade {target} {wanted}`"
+                if wanted != "base"
+                else "base is no schema at all: a downgrade to it drops the log, every record"
+            ),
+        )
+    if not up and ahead > 0:
+        raise LogRevisionError(
+            f"{target}: cannot downgrade to {revision!r}: {named}the log is at {current}, "
+            "before it; a downgrade only moves back",
+            hint=f"to move forward, `eventlog db upgrade {target} --revision {wanted}`",
+        )
+    return wanted
 
 
 def _destination(
     script: ScriptDirectory, order: list[str], current: str, revision: str
 ) -> str | None:
     """The revision `revision` names in this program's linear history (`order`, base first):
-    an id or its prefix, head, base, or one of those (the current revision if none) plus or
-    minus steps. None where alembic must answer: no such revision, a step past either end."""
+    an id or its prefix, head, base, or one of those (the current revision if none, or `@`)
+    plus or minus steps. None where it names none: no such revision, a step past either
+    end (alembic gives its own answer to some; to others it does nothing)."""
     relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]{1,9}))?", revision)
     assert relative is not None  # every text matches
     anchor, sign, steps = relative.groups()
     try:  # alembic names head, heads and prefixes; base is no revision (None)
-        found = script.get_revision(anchor or current)
-    except Exception:  # no such revision, an ambiguous prefix: alembic's own answer
+        found = script.get_revision(current if anchor in ("", "@") else anchor)
+    except Exception:  # no such revision, an ambiguous prefix
         return None
     at = order.index("base" if found is None else found.revision)
     at += int(steps) if sign == "+" else -int(steps) if sign else 0

@@ -174,6 +174,54 @@ def test_a_step_past_the_last_revision_is_a_revision_error_not_a_crash(log_file:
     assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
+@pytest.mark.parametrize("revision", ["base-1", " -1", "zz-1"])
+@pytest.mark.parametrize("direction", ["upgrade", "downgrade"])
+def test_a_revision_that_names_none_is_no_such_revision_either_way(
+    log_file: str, direction: str, revision: str
+) -> None:
+    """alembic did nothing for some of these (base-1 either way, ' -1' upgrading) and we
+    said "already at 0004" (or "downgraded 0004 -> 0004")."""
+    args = ["--revision", revision] if direction == "upgrade" else ["--", revision]
+    refused = cli("db", direction, log_file, *args)
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.startswith(f"error: {log_file}: cannot {direction} to {revision!r}: ")
+    assert "already at" not in refused.output
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
+def test_an_upgrade_one_step_back_from_the_current_revision_is_refused(log_file: str) -> None:
+    """`@-1` is the current revision less one: alembic did nothing for it."""
+    refused = cli("db", "upgrade", log_file, "--revision", "@-1")
+    assert refused.exit_code == 3
+    below = f"{int(str(HEAD_REVISION)) - 1:04d}"
+    assert f"that is revision {below}, and the log is at {HEAD_REVISION}, past it" in (
+        refused.stderr
+    )
+
+
+@pytest.mark.parametrize(("revision", "names"), [("head", HEAD_REVISION), ("+1", "0003")])
+def test_a_downgrade_to_a_later_revision_is_refused_with_the_upgrade_hint(
+    log_file: str, revision: str, names: str
+) -> None:
+    """alembic downgrades to a later revision by doing nothing."""
+    assert cli("db", "downgrade", log_file, "0002").exit_code == 0
+    refused = cli("db", "downgrade", log_file, revision)
+    assert refused.exit_code == 3
+    assert refused.stderr.splitlines() == [
+        f"error: {log_file}: cannot downgrade to {revision!r}: that is revision {names}, and "
+        "the log is at 0002, before it; a downgrade only moves back",
+        f"hint: to move forward, `eventlog db upgrade {log_file} --revision {names}`",
+    ]
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [("0002",)]
+
+
+def test_a_downgrade_to_the_current_revision_says_so(log_file: str) -> None:
+    """It printed "downgraded 0004 -> 0004"."""
+    stayed = cli("db", "downgrade", log_file, "head")
+    assert stayed.exit_code == 0
+    assert stayed.stdout == f"{log_file}: already at revision {HEAD_REVISION}\n"
+
+
 def test_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None:
     """alembic's "more than one head" was exit 70, in verify too."""
     sql(log_file, "INSERT INTO alembic_version VALUES ('0001')")
