@@ -144,7 +144,8 @@ class Carried:
         self.exc = None
         self.state = (type(exc), exc.args, dict(vars(exc)))
         if not _travels(self.state):  # an attribute (a connection, a cursor) cannot travel
-            self.state = (EventLogError, (f"{type(exc).__name__}: {exc}",), {})
+            notes = {"__notes__": [str(note) for note in exc.__notes__]}  # the traceback
+            self.state = (EventLogError, (f"{type(exc).__name__}: {exc}",), notes)
 
     def rebuilt(self) -> BaseException:
         if self.exc is not None:

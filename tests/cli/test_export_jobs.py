@@ -195,6 +195,8 @@ def test_an_error_holding_what_cannot_travel_is_carried_as_its_text() -> None:
     rebuilt = pickle.loads(pickle.dumps(workers.Carried(failed))).rebuilt()
     assert type(rebuilt) is EventLogError
     assert str(rebuilt) == "RuntimeError: the driver failed"
+    (note,) = rebuilt.__notes__  # the worker's traceback, shown with --debug
+    assert note.startswith(f"in worker process {os.getpid()}:")
 
 
 def test_workers_mark_records_as_the_log_stood_at_the_commands_head(run: AuditedRun) -> None:
