@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,6 +31,8 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
+from eventlog.store.postgres import PostgresDialect
+from eventlog.store.sqlite import SqliteDialect
 from tests.fixtures.ledger import Harness, backend_harness_fixture, make_prompt  # noqa: F401
 from tests.reliability import write_lock_held
 
@@ -43,31 +47,64 @@ def _harness_on_each_backend(backend_harness: Harness) -> Harness:
 
 
 def in_flight_together(
-    h: Harness, *commands: Callable[[Cut], Awaitable[T]]
+    h: Harness, *commands: Callable[[Cut], Awaitable[T]], submitting: int = 1
 ) -> tuple[list[T | BaseException], int]:
     """Submit `commands` while the writer is stuck on a blocker append; (results, commits).
 
-    The blocker is an append of its own already waiting for the lock, so everything the
-    commands submit meanwhile queues behind it and is drained together once the lock goes.
+    The blocker is an append of its own whose transaction waits for the lock another
+    process holds, so everything the commands submit meanwhile queues behind it and is
+    drained together once the lock goes. The lock goes once `submitting` appends were
+    queued (the commands that do not wait for another's commit), not after a pause: a busy
+    machine let a command read its attempt stream for longer than any pause.
     """
+    blocker_began = threading.Event()
+    submitted = 0
+
+    def beginning(dialect: Any, cursor: Any, begin: Callable[[Any, Any], None]) -> None:
+        blocker_began.set()  # the writer thread took the blocker: it alone is in this batch
+        begin(dialect, cursor)
 
     async def main() -> tuple[list[T | BaseException], int]:
-        with contextlib.ExitStack() as lock:
+        nonlocal submitted
+        with contextlib.ExitStack() as lock, pytest.MonkeyPatch.context() as patches:
             lock.enter_context(write_lock_held(h.location))  # another process holds it
+            for dialect in (SqliteDialect, PostgresDialect):
+                begin = dialect.begin_write
+                patches.setattr(
+                    dialect, "begin_write", functools.partialmethod(beginning, begin=begin)
+                )
             blocker = asyncio.ensure_future(
                 h.log.append_async(attempt_stream("blocker_g0"), [blocker_event()])
             )
-            await asyncio.sleep(0.2)  # the writer thread has taken the blocker and waits
+            await until(blocker_began.is_set)
+            patches.undo()
+            append_batch_async = h.log.append_batch_async
+
+            async def counted(requests: Any) -> Any:
+                nonlocal submitted
+                submitted += 1  # queued in this same step, before the first await returns
+                return await append_batch_async(requests)
+
+            patches.setattr(h.log, "append_batch_async", counted)
             before = h.log.commits
             async with h.barrier.mutation("test") as cut:
                 tasks = [asyncio.ensure_future(command(cut)) for command in commands]
-                await asyncio.sleep(0.2)  # every command has submitted what it can
+                await until(lambda: submitted >= submitting)
+                await asyncio.sleep(0.2)  # the waiting commands have run their first pass
                 lock.close()  # the holder lets go
                 results = await asyncio.gather(*tasks, return_exceptions=True)
             await blocker
             return list(results), h.log.commits - before - 1
 
     return asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    """Poll `condition` on the loop (other tasks run meanwhile) until it holds."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "the awaited condition never held"
+        await asyncio.sleep(0.005)
 
 
 def blocker_event() -> GenerationStarted:
@@ -110,7 +147,11 @@ def test_commands_on_different_groups_are_in_flight_together_and_share_one_commi
     ready(h, "g1", "g2", "g3")
 
     results, commits = in_flight_together(
-        h, seal_async(h, "g1", 0), seal_async(h, "g2", 0), seal_async(h, "g3", 1)
+        h,
+        seal_async(h, "g1", 0),
+        seal_async(h, "g2", 0),
+        seal_async(h, "g3", 1),
+        submitting=3,
     )
 
     assert results == [True, True, True]

@@ -68,6 +68,7 @@ def test_replay_select_and_consume_async_share_commits_with_commands_on_groups(
         h,
         lambda cut: h.ledger.replay.select_async(cut, ["g1"], step=1),
         seal_async(h, "g2", 0),
+        submitting=2,
     )
     assert selected == [None, True]
     assert commits == 1
@@ -77,6 +78,7 @@ def test_replay_select_and_consume_async_share_commits_with_commands_on_groups(
         h,
         lambda cut: h.ledger.replay.consume_async(cut, ["g1"], step=1),
         seal_async(h, "g3", 1),
+        submitting=2,
     )
     assert consumed == [["g1"], True]
     assert commits == 1
