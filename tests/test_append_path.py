@@ -176,16 +176,18 @@ def test_a_group_commit_mints_its_ids_and_reads_the_clock_once(
     monkeypatch.setattr("eventlog.store.base.mint_event_ids", counting)
     dialect = SqliteDialect if log.backend == "sqlite" else PostgresDialect
     begin = dialect.begin_write
-    release = threading.Event()
+    release, leading = threading.Event(), threading.Event()
 
     def held(self: Any, cursor: Any) -> None:  # the first commit waits until the rest queued
         if threading.current_thread().name == "held":
+            leading.set()
             assert release.wait(30)
         begin(self, cursor)
 
     monkeypatch.setattr(dialect, "begin_write", held)
     first = threading.Thread(target=log.append, args=("first", [LogNote(text="x")]), name="held")
     first.start()
+    assert leading.wait(30)  # it leads its commit alone: the ten queue behind it
 
     async def queued() -> list[Any]:
         tasks = [

@@ -11,7 +11,7 @@ import pytest
 from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.errors import BarrierError
 
-TIMEOUT_S = 2.0
+TIMEOUT_S = 30.0
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
