@@ -10,8 +10,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -33,7 +34,9 @@ from eventlog import (
 from eventlog.log import open_store, resolve_url
 from eventlog.store import migrate
 from eventlog.store.base import EXPECT_ANY, PreparedEvent, PreparedRequest
-from eventlog.store.postgres import LOCK_KEY
+from eventlog.store.postgres import LOCK_KEY, PostgresDialect
+from eventlog.store.sqlite import SqliteDialect
+from eventlog.writer import GroupCommitWriter
 from tests.reliability import drop_append_only
 from tests.vocabulary import LogNote
 
@@ -221,8 +224,33 @@ def test_same_event_id_with_different_content_is_a_duplicate_error(log: EventLog
 # -- group commit ------------------------------------------------------------------------
 
 
+@pytest.fixture
+def queued(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The submissions queued for the writer thread from now on (by threads that found a
+    commit in progress, and by asyncio callers)."""
+    found: list[object] = []
+
+    def counted(queue: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def counting(self: GroupCommitWriter, submission: Any) -> Any:
+            found.append(submission)
+            return queue(self, submission)
+
+        return counting
+
+    for name in ("submit", "submit_async"):
+        monkeypatch.setattr(GroupCommitWriter, name, counted(getattr(GroupCommitWriter, name)))
+    return found
+
+
+def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "the awaited condition never held"
+        time.sleep(0.005)
+
+
 def test_concurrent_appenders_share_commits_and_a_bad_one_fails_alone(
-    log: EventLog, log_target: str
+    log: EventLog, log_target: str, queued: list[object]
 ) -> None:
     log.append("conflict", notes("x"), NO_STREAM)
     results: dict[int, object] = {}
@@ -241,7 +269,7 @@ def test_concurrent_appenders_share_commits_and_a_bad_one_fails_alone(
         threads = [threading.Thread(target=appender, args=(i,)) for i in range(64)]
         for thread in threads:
             thread.start()
-        time.sleep(0.5)  # every appender queues behind the lock another writer holds
+        until(lambda: len(queued) == 63)  # all but the one leading its own commit
     for thread in threads:
         thread.join()
     assert isinstance(results[7], ConcurrencyError)
@@ -577,17 +605,33 @@ def test_one_chosen_id_twice_in_one_append_is_refused_and_writes_nothing(log: Ev
 
 
 def test_a_retry_racing_its_original_in_one_commit_gets_the_same_positions(
-    log: EventLog, log_target: str
+    log: EventLog, log_target: str, queued: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proposed = [Proposed(LogNote(text="once"), uuid.uuid4())]
+    taken = threading.Event()
+    for dialect in (SqliteDialect, PostgresDialect):
+        monkeypatch.setattr(dialect, "begin_write", _signalling(dialect.begin_write, taken))
 
     async def main() -> list[list[int]]:
-        with write_lock_held(log_target):  # both are queued before the writer can commit
+        with write_lock_held(log_target):
+            blocker = asyncio.create_task(log.append_async("blocker", notes("b")))
+            while not taken.is_set():  # the writer took the blocker alone and waits
+                await asyncio.sleep(0.005)
             both = [asyncio.create_task(log.append_async("r", proposed)) for _ in range(2)]
-            await asyncio.sleep(0.3)
+            while len(queued) < 3:  # both are queued behind it: one batch once it commits
+                await asyncio.sleep(0.005)
+        await blocker
         return [result.seqs for result in await asyncio.gather(*both)]
 
     commits = log.commits
-    assert asyncio.run(main()) == [[1], [1]]
-    assert log.head() == 1
-    assert log.commits - commits == 1
+    assert asyncio.run(main()) == [[2], [2]]
+    assert log.head() == 2
+    assert log.commits - commits == 2  # the blocker's, then the pair's
+
+
+def _signalling(begin: Callable[[Any, Any], None], began: threading.Event) -> Any:
+    def beginning(self: Any, cursor: Any) -> None:
+        began.set()
+        begin(self, cursor)
+
+    return beginning
