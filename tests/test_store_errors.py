@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -22,6 +23,8 @@ from eventlog.errors import (
     StorageIntegrityError,
     StorageUnavailableError,
 )
+from eventlog.store.postgres import PostgresDialect
+from eventlog.store.sqlite import SqliteDialect
 from tests.reliability import write_lock_held
 from tests.vocabulary import LogNote
 
@@ -39,7 +42,7 @@ def test_a_held_write_lock_fails_a_lone_append_typed_within_the_busy_timeout(
             with pytest.raises(StorageUnavailableError) as caught:
                 log.append("s", [LogNote(text="blocked")])
             elapsed = time.monotonic() - started
-        assert BUSY * 0.8 <= elapsed < BUSY + 2.0
+        assert BUSY * 0.8 <= elapsed < BUSY + 10.0  # (a busy machine oversleeps)
         assert exit_code_for(caught.value) == ExitCode.DATABASE
         assert log.head() == 1  # nothing of the failed append landed
         assert log.append("s", [LogNote(text="after")]).seqs == [2]  # and the log goes on
@@ -74,9 +77,18 @@ def test_a_busy_timeout_of_zero_fails_an_append_at_once_rather_than_never(
 
 
 def test_a_held_write_lock_fails_every_caller_of_a_batch_once_not_one_by_one(
-    log_target: str,
+    log_target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """N concurrent callers hear back after about one busy timeout, never (N + 1) of them."""
+    """N concurrent callers hear back after about one busy timeout, never (N + 1) of them:
+    counted as the transactions that waited for the lock (a busy machine oversleeps)."""
+    began: list[object] = []
+    for dialect in (SqliteDialect, PostgresDialect):
+
+        def counting(self: Any, cursor: Any, begin: Any = dialect.begin_write) -> None:
+            began.append(cursor)
+            begin(self, cursor)
+
+        monkeypatch.setattr(dialect, "begin_write", counting)
 
     async def appends(log: EventLog) -> list[BaseException | object]:
         tasks = [log.append_async(f"s{i}", [LogNote(text="x", n=i)]) for i in range(CALLERS)]
@@ -90,7 +102,8 @@ def test_a_held_write_lock_fails_every_caller_of_a_batch_once_not_one_by_one(
         assert all(isinstance(o, StorageUnavailableError) for o in outcomes), outcomes
         # Batches form while the first waits: two or three waits at most, far below the
         # (CALLERS + 1) waits a one-by-one retry costs.
-        assert elapsed < 4 * BUSY, f"{CALLERS} callers took {elapsed:.2f} s"
+        assert len(began) <= 3, f"{CALLERS} callers waited in {len(began)} transactions"
+        assert elapsed < 30, f"{CALLERS} callers took {elapsed:.2f} s"
         assert log.head() == 0
 
 
