@@ -320,7 +320,7 @@ def _held_first_read(
         found = real(stream)
         if not entered.is_set() and threading.current_thread() is not threading.main_thread():
             entered.set()
-            assert release.wait(10)
+            assert release.wait(60)
         return found
 
     monkeypatch.setattr(h.log, "stream_version", slow_off_loop)

@@ -252,14 +252,14 @@ def test_a_read_begun_before_a_checkpoint_is_not_kept_after_it(
         found = stream_version(log, stream)
         if stream == "group/g1" and not began.is_set():
             began.set()
-            gate.wait(10)  # it read `found`: what follows lands before it returns
+            assert gate.wait(60)  # it read `found`: what follows lands before it returns
         return found
 
     monkeypatch.setattr(EventLog, "stream_version", held)
 
     async def race() -> str:
         pending = asyncio.ensure_future(h.ledger.unused_group_id_async("g1"))
-        await asyncio.to_thread(began.wait, 10)
+        assert await asyncio.to_thread(began.wait, 60)
         async with h.barrier.mutation("seal") as cut:  # our append to group/g1 ...
             h.ledger.record_rejected_result(cut, _late_result(h, "g1"))
         async with h.barrier.checkpoint() as cut:  # ... whose version this drops

@@ -44,10 +44,10 @@ class GatedActor:
         return asyncio.shield(asyncio.ensure_future(hold()))
 
     def can_stage(self) -> bool:
-        """A put goes through within 2 s (the gate holds nothing)."""
+        """A put goes through (the gate holds nothing)."""
         put = threading.Thread(target=_stage, args=(self.gate,), daemon=True)
         put.start()
-        put.join(timeout=2)
+        put.join(timeout=30)
         return not put.is_alive()
 
 
@@ -85,14 +85,16 @@ def test_a_thread_pool_checkpoint_cancelled_while_a_put_is_in_flight_releases_th
     """The workers' pool in the controller's process: its hold is a thread that waits for the
     puts in flight and runs on after the caller is cancelled."""
     pool = WorkerPool(None, None, None, workers=1, slots=1, partition="p")  # type: ignore[arg-type]
-    put_may_end = threading.Event()
+    put_may_end, inside = threading.Event(), threading.Event()
 
     def put() -> None:
         with pool.gate.staging():
+            inside.set()
             put_may_end.wait()
 
     in_flight = threading.Thread(target=put, daemon=True)
     in_flight.start()
+    assert inside.wait(30)  # the put is in flight before the checkpoint asks for the hold
 
     async def main() -> None:
         async def checkpoint() -> None:
@@ -111,7 +113,7 @@ def test_a_thread_pool_checkpoint_cancelled_while_a_put_is_in_flight_releases_th
 
     stage = threading.Thread(target=_stage, args=(pool.gate,), daemon=True)
     stage.start()
-    stage.join(timeout=2)
+    stage.join(timeout=30)
     assert not stage.is_alive()  # a put goes through: nothing holds the gate
 
 
@@ -126,7 +128,7 @@ def test_a_put_waiting_while_a_release_overtook_its_hold_goes_through() -> None:
     put.start()
     put.join(timeout=2)
     gate.hold()  # the hold's thread takes it now: nothing is held any more
-    put.join(timeout=2)
+    put.join(timeout=30)
     assert not put.is_alive()
     held_later = threading.Thread(target=_stage, args=(gate,), daemon=True)
     gate.hold()  # and a real hold still holds
@@ -134,5 +136,5 @@ def test_a_put_waiting_while_a_release_overtook_its_hold_goes_through() -> None:
     held_later.join(timeout=0.3)
     assert held_later.is_alive()
     gate.release()
-    held_later.join(timeout=2)
+    held_later.join(timeout=30)
     assert not held_later.is_alive()
