@@ -90,14 +90,18 @@ class Tallies(ProcessApplication[UUID]):
 
 
 class SlowTallies(Tallies):
-    """Tallies that take a while per notification, so a kill lands mid-way."""
+    """Tallies that take a while per notification and stop before the last, so a kill lands
+    mid-way however long the test takes to see the first ones tracked."""
 
     name = "Tallies"
+    STOP_AFTER = 15
+    processed = 0
 
     def policy(
         self, domain_event: DomainEventProtocol[UUID], processing_event: ProcessingEvent[UUID]
     ) -> None:
-        time.sleep(0.02)
+        SlowTallies.processed += 1
+        time.sleep(0.02 if SlowTallies.processed <= self.STOP_AFTER else 3600)
         super().policy(domain_event, processing_event)
 
 
