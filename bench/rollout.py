@@ -155,7 +155,7 @@ def measure(
         tag = f"{cell['agent']}-{durability}-{cell['groups']}x{cell['siblings']}-r{repeat}"
         base_tokens, base_s = asyncio.run(engine_only(engine, cell, f"base-{tag}"))
         path = work / f"{tag}.db"
-        with EventLog.open(path, durability=durability) as log:
+        with EventLog.open(path, durability=durability, count_cpu=True) as log:
             worker = RolloutWorker(engine, log, InMemoryDataPlane(), worker_id="bench")
             worker.progress_every_s = progress_every
             cpu = time.process_time()
@@ -163,6 +163,7 @@ def measure(
             cpu = time.process_time() - cpu
             stats: WorkerStats = worker.stats
             log_cpu_s = log.cpu_seconds
+            assert log_cpu_s is not None  # counted: opened with count_cpu
             commits = log.commits
             progress = sum(1 for _ in log.read_records(types=["GenerationProgress"]))
         path.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -573,24 +573,57 @@ def test_an_assertion_on_a_stream_the_writer_knows_adds_no_statement(
     assert len(fenced) == len(unfenced)
 
 
-def test_cpu_seconds_counts_every_append_once(log: EventLog) -> None:
+def test_cpu_seconds_counts_every_append_once(log_target: str) -> None:
     """`EventLog.cpu_seconds` (what the rollout benchmark charges the log): a synchronous
     caller's time covers its encoding and the commit it leads, the writer thread's covers
     the commits it leads for `append_async`; none is counted twice, so the total stays
     within the process's own CPU time."""
-    process, before = time.process_time(), log.cpu_seconds
-    for index in range(200):
-        log.append(f"sync/{index}", [LogNote(text="x")], NO_STREAM)
-    synchronous = log.cpu_seconds - before
+    with EventLog.open(log_target, count_cpu=True) as log:
+        process, before = time.process_time(), log.cpu_seconds
+        assert before is not None
+        for index in range(200):
+            log.append(f"sync/{index}", [LogNote(text="x")], NO_STREAM)
+        synchronous = cast(float, log.cpu_seconds) - before
 
-    async def appends() -> None:
-        await asyncio.gather(
-            *(log.append_async(f"async/{i}", [LogNote(text="y")], NO_STREAM) for i in range(200))
-        )
+        async def appends() -> None:
+            await asyncio.gather(
+                *(
+                    log.append_async(f"async/{i}", [LogNote(text="y")], NO_STREAM)
+                    for i in range(200)
+                )
+            )
 
-    asyncio.run(appends())
-    spent = log.cpu_seconds - before
+        asyncio.run(appends())
+        spent = cast(float, log.cpu_seconds) - before
     assert 0 < synchronous < spent <= time.process_time() - process
+
+
+def test_a_caller_s_cpu_is_read_only_where_asked_for(
+    log_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread's CPU clock is a system call: an append read it twice, on every append, for
+    a number only the benchmarks use. Without `count_cpu` no caller reads it (the writer
+    thread still counts its commits, once per batch) and `cpu_seconds` says so."""
+    read_by: list[str] = []
+    clock = time.thread_time
+
+    def reading() -> float:
+        read_by.append(threading.current_thread().name)
+        return clock()
+
+    monkeypatch.setattr(time, "thread_time", reading)
+    with EventLog.open(log_target) as log:
+        log.append("sync", [LogNote(text="x")])
+
+        async def one() -> None:
+            await log.append_async("async", [LogNote(text="y")])
+
+        asyncio.run(one())
+        assert log.cpu_seconds is None
+    assert threading.main_thread().name not in read_by
+    with EventLog.open(log_target, count_cpu=True) as log:
+        log.append("sync", [LogNote(text="x")])
+    assert read_by.count(threading.main_thread().name) == 2
 
 
 def test_a_writer_that_reconnected_reads_the_tail_of_the_file_it_now_has(
