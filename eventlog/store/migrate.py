@@ -94,7 +94,12 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str | None, str]:
     """Migrate up or down to `revision` after refusing a foreign or newer database, all under
-    the migration lock, so racing `db upgrade`s see one another's work; (before, after)."""
+    the migration lock, so racing `db upgrade`s see one another's work; (before, after).
+
+    The revision is resolved here and alembic is handed the id it names: alembic did
+    nothing for some texts that name none (`base-1` at head) and migrated for others
+    (`' -1'` below head went to head-1), and an upgrade to an earlier revision (or a
+    downgrade to a later one) did nothing while the caller said "already at"."""
     from alembic import command
     from alembic.runtime.migration import MigrationContext
 
@@ -103,33 +108,24 @@ def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str |
         _serialized(conn)
         before = MigrationContext.configure(conn).get_current_revision()
         _refuse_foreign_or_newer(conn, engine, target=target, current=before)
-        wanted = None if before is None else _refuse_wrong_way(config, target, before, revision, up)
+        wanted = _resolved(config, target, before or "base", revision, up)
         config.attributes["connection"] = conn
-        (command.upgrade if up else command.downgrade)(config, revision)
+        (command.upgrade if up else command.downgrade)(config, wanted)
         after = MigrationContext.configure(conn).get_current_revision()
-        if before is not None and after == before and wanted != before:
-            # alembic did nothing for a revision it did not name (base-1, ' -1'), and the
-            # caller said "already at": the person asked for a schema that does not exist.
-            direction = "upgrade" if up else "downgrade"
-            raise LogRevisionError(
-                f"{target}: cannot {direction} to {revision!r}: no such revision"
-            )
     return before, after or ""
 
 
-def _refuse_wrong_way(
-    config: Config, target: str, current: str, revision: str, up: bool
-) -> str | None:
-    """The revision `revision` names (None: none); refused where it lies the other way.
-    alembic upgrades to an earlier revision, or downgrades to a later one, by doing nothing,
-    and the caller said "already at": the person asked for a schema the log does not have."""
+def _resolved(config: Config, target: str, current: str, revision: str, up: bool) -> str:
+    """The revision `revision` names (`base` for none: no schema), or LogRevisionError:
+    it names none, or one that lies the other way."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(config)
     order = ["base", *(found.revision for found in reversed(list(script.walk_revisions())))]
     wanted = _destination(script, order, current, revision)
+    direction = "upgrade" if up else "downgrade"
     if wanted is None:
-        return None
+        raise LogRevisionError(f"{target}: cannot {direction} to {revision!r}: no such revision")
     ahead = order.index(wanted) - order.index(current)
     named = "" if wanted == revision else f"that is revision {wanted}, and "
     if up and ahead < 0:
@@ -155,9 +151,9 @@ def _destination(
     script: ScriptDirectory, order: list[str], current: str, revision: str
 ) -> str | None:
     """The revision `revision` names in this program's linear history (`order`, base first):
-    an id or its prefix, head, base, or one of those (the current revision if none, or `@`)
-    plus or minus steps. None where it names none: no such revision, a step past either
-    end (alembic gives its own answer to some; to others it does nothing)."""
+    an id or its prefix, head, heads, base, `REV@head`, or one of those (the current
+    revision if none, or `@`) plus or minus steps. None where it names none: no such
+    revision, an ambiguous prefix, a step past either end."""
     relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]{1,9}))?", revision)
     assert relative is not None  # every text matches
     anchor, sign, steps = relative.groups()

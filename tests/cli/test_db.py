@@ -174,19 +174,55 @@ def test_a_step_past_the_last_revision_is_a_revision_error_not_a_crash(log_file:
     assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
-@pytest.mark.parametrize("revision", ["base-1", " -1", "zz-1"])
+@pytest.mark.parametrize("revision", ["base-1", " -1", "zz-1", "x@0002"])
 @pytest.mark.parametrize("direction", ["upgrade", "downgrade"])
+@pytest.mark.parametrize("at", [HEAD_REVISION, "0002"])
 def test_a_revision_that_names_none_is_no_such_revision_either_way(
-    log_file: str, direction: str, revision: str
+    log_file: str, direction: str, revision: str, at: str
 ) -> None:
-    """alembic did nothing for some of these (base-1 either way, ' -1' upgrading) and we
-    said "already at 0004" (or "downgraded 0004 -> 0004")."""
+    """alembic did nothing for some of these at head (and we said "already at 0004") and
+    migrated for others below it (' -1' went to head-1, base-1 to head)."""
+    if at != HEAD_REVISION:
+        assert cli("db", "downgrade", log_file, at).exit_code == 0
     args = ["--revision", revision] if direction == "upgrade" else ["--", revision]
     refused = cli("db", direction, log_file, *args)
     assert refused.exit_code == 3, refused.output
-    assert refused.stderr.startswith(f"error: {log_file}: cannot {direction} to {revision!r}: ")
-    assert "already at" not in refused.output
-    assert query(log_file, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+    assert refused.stderr == (
+        f"error: {log_file}: cannot {direction} to {revision!r}: no such revision\n"
+    )
+    assert query(log_file, "SELECT version_num FROM alembic_version") == [(at,)]
+
+
+@pytest.mark.parametrize("revision", ["base-1", " -1", "@-1"])
+def test_a_new_log_is_not_made_at_a_revision_that_names_none(
+    tmp_path: Path, revision: str
+) -> None:
+    """From no schema, base-1 made the log at head, ' -1' at head-1, and @-1 said "already
+    at revision None"."""
+    path = str(tmp_path / "new.db")
+    refused = cli("db", "upgrade", path, "--revision", revision)
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.endswith(": no such revision\n")
+    assert query(path, "SELECT name FROM sqlite_master WHERE name = 'events'") == []
+
+
+def test_a_downgrade_one_step_back_from_the_current_revision_moves_there(
+    log_file: str,
+) -> None:
+    """`@-1` named the revision for our check, but alembic was handed the text and could
+    not read it (Can't locate revision identified by '-1')."""
+    below = f"{int(str(HEAD_REVISION)) - 1:04d}"
+    moved = cli("db", "downgrade", log_file, "@-1")
+    assert moved.exit_code == 0, moved.output
+    assert moved.stdout == f"{log_file}: downgraded {HEAD_REVISION} -> {below}\n"
+
+
+def test_a_migration_to_no_schema_from_none_says_empty(tmp_path: Path) -> None:
+    """It said "already at revision None"."""
+    path = str(tmp_path / "new.db")
+    stayed = cli("db", "upgrade", path, "--revision", "base")
+    assert stayed.exit_code == 0, stayed.output
+    assert stayed.stdout == f"{path}: already at revision (empty)\n"
 
 
 def test_an_upgrade_one_step_back_from_the_current_revision_is_refused(log_file: str) -> None:
