@@ -194,9 +194,7 @@ def test_a_revision_that_names_none_is_no_such_revision_either_way(
 
 
 @pytest.mark.parametrize("revision", ["base-1", " -1", "@-1"])
-def test_a_new_log_is_not_made_at_a_revision_that_names_none(
-    tmp_path: Path, revision: str
-) -> None:
+def test_a_new_log_is_not_made_at_a_revision_that_names_none(tmp_path: Path, revision: str) -> None:
     """From no schema, base-1 made the log at head, ' -1' at head-1, and @-1 said "already
     at revision None"."""
     path = str(tmp_path / "new.db")
