@@ -47,6 +47,18 @@ Durability = Literal["full", "normal"]
 
 MAX_STREAM_LENGTH = 512
 
+FEW_EVENTS = 8
+"""An append of up to this many events to one stream leaves the collector as it is: pausing
+it (a lock and two switches, twice) cost a single append more than the handful of objects
+such an append makes could cost a collection. The writer thread's commits still pause it."""
+
+
+def _pauses_collector(requests: Sequence[AppendRequest]) -> bool:
+    if len(requests) != 1:
+        return True
+    events = requests[0].events
+    return events.__class__ not in (list, tuple) or len(events) > FEW_EVENTS
+
 
 def resolve_url(target: str | Path) -> sa.URL:
     """A SQLAlchemy URL for a file path or a URL; PostgreSQL always goes through psycopg 3."""
@@ -185,13 +197,16 @@ class EventLog:
     def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append to several streams in one atomic step: every request lands, or none."""
         # The cyclic collector rests while the call encodes, plans and writes (`collector`).
-        collector.pause()
+        pausing = _pauses_collector(requests)
+        if pausing:
+            collector.pause()
         started = self._cpu_clock()  # the caller's CPU: encoding, and any commit it leads
         try:
             return self._writer.write(self._encode(requests))
         finally:
             self._caller_cpu_seconds += self._cpu_clock() - started
-            collector.resume()
+            if pausing:
+                collector.resume()
 
     async def append_async(
         self,
@@ -208,13 +223,16 @@ class EventLog:
 
     def _queue_async(self, requests: Sequence[AppendRequest]) -> asyncio.Future[list[AppendResult]]:
         """Encode and queue for the writer thread; the future resolves on the running loop."""
-        collector.pause()  # while encoding and queueing: never across the caller's await
+        pausing = _pauses_collector(requests)  # while encoding and queueing, if at all:
+        if pausing:  # never across the caller's await
+            collector.pause()
         started = self._cpu_clock()
         try:
             return self._writer.submit_async(self._encode(requests))
         finally:
             self._caller_cpu_seconds += self._cpu_clock() - started
-            collector.resume()
+            if pausing:
+                collector.resume()
 
     def _encode(self, requests: Sequence[AppendRequest]) -> Submission:
         if self._closed:

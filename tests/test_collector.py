@@ -3,6 +3,7 @@ early, never leave the collector off for good, and keep a caller's own `gc.disab
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import threading
@@ -14,7 +15,11 @@ from typing import Any
 import pytest
 
 from eventlog import EventLog, collector
+from eventlog.log import FEW_EVENTS
 from tests.vocabulary import LogNote
+
+MANY = [LogNote(text="x")] * (FEW_EVENTS + 1)
+"""An append that pauses the collector (a few events leave it as it is)."""
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +127,7 @@ def test_threads_appending_back_to_back_leave_the_collector_on_now_and_then(
 
         def append(i: int) -> None:
             while not stop.is_set():
-                log.append(f"s{i}", [LogNote(text="x")])
+                log.append(f"s{i}", MANY)
 
         threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
         for thread in threads:
@@ -163,7 +168,7 @@ def test_an_append_waiting_for_another_process_s_lock_leaves_the_collector_on(
         log.append("s", [LogNote(text="first")])
         calls = recorded_switches(monkeypatch)
         with write_lock_held(str(path)):
-            waiting = threading.Thread(target=log.append, args=("s", [LogNote(text="x")]))
+            waiting = threading.Thread(target=log.append, args=("s", MANY))
             waiting.start()
             deadline = time.monotonic() + 30
             while ("enable", True) not in calls and time.monotonic() < deadline:
@@ -171,7 +176,7 @@ def test_an_append_waiting_for_another_process_s_lock_leaves_the_collector_on(
             on = ("enable", True) in calls and gc.isenabled() and waiting.is_alive()
         waiting.join(timeout=60)
         assert on and not waiting.is_alive()  # on while the append still waited
-        assert log.head() == 2
+        assert log.head() == 1 + len(MANY)
 
 
 def test_a_pause_long_by_its_own_work_is_left_alone_by_the_watchdog(
@@ -216,3 +221,35 @@ def test_a_child_forked_while_a_thread_paused_has_the_collector_on(long: bool) -
     done.set()
     thread.join()
     assert seen_in_child == [1, 0, 1]
+
+
+def test_an_append_of_a_few_events_leaves_the_collector_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pausing it costs a lock and two switches, more than a few events' objects could cost
+    a collection: a single append spent ~4 % of its CPU on it. More events pause it, in
+    the caller and in the loop (the writer thread's commit pauses it whatever it holds)."""
+    with EventLog.open(tmp_path / "run.db") as log:
+        calls = recorded_switches(monkeypatch)
+        log.append("few", [LogNote(text="x")] * FEW_EVENTS)
+        assert calls == []
+        log.append("many", MANY)
+        assert calls and calls[0] == ("disable", False)
+        calls.clear()
+
+        async def queued(events: list[LogNote]) -> None:
+            await log.append_async("queued", events)
+
+        paused_by: list[tuple[str, int]] = []
+        pause = collector.pause
+        for events in ([LogNote(text="y")], MANY):
+            with monkeypatch.context() as patched:
+
+                def noted(count: int = len(events)) -> None:
+                    paused_by.append((threading.current_thread().name, count))
+                    pause()
+
+                patched.setattr(collector, "pause", noted)
+                asyncio.run(queued(events))
+        here = threading.current_thread().name  # (the writer thread pauses for its commits)
+        assert [count for name, count in paused_by if name == here] == [len(MANY)]
