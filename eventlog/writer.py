@@ -109,8 +109,8 @@ class GroupCommitWriter:
             if first is None:
                 return
             with self._leader:  # paused once leading, not while a caller's commit lasts
-                collector.pause()  # (a caller's leader commit is paused by its caller,
-                started = time.thread_time()  # and its CPU counted in its caller's time)
+                collector.pause()  # (a caller's leader commit is paused by its caller if
+                started = time.thread_time()  # not a few events, its CPU counted as its own)
                 try:
                     items, stop = self._drain([first])
                     self._commit(items)
