@@ -54,9 +54,11 @@ such an append makes could cost a collection. The writer thread's commits still 
 
 
 def _pauses_collector(requests: Sequence[AppendRequest]) -> bool:
-    if len(requests) != 1:
+    """Whether an append pauses the collector (whatever it is handed: `_encode` names what
+    is wrong with it)."""
+    if requests.__class__ is not list or len(requests) != 1:
         return True
-    events = requests[0].events
+    events = getattr(requests[0], "events", None)
     return events.__class__ not in (list, tuple) or len(events) > FEW_EVENTS
 
 
@@ -241,6 +243,11 @@ class EventLog:
         encode = codec.encode
         new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python call per event
         for request in requests:
+            if request.__class__ is not AppendRequest and not isinstance(request, AppendRequest):
+                raise InvalidEventError(
+                    f"append_batch takes AppendRequests, found {type(request).__name__} "
+                    f"{request!r:.60}"
+                )
             stream = request.stream
             if (
                 stream.__class__ is not str

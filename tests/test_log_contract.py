@@ -193,6 +193,9 @@ def test_invalid_items_are_rejected_before_anything_is_written(log: EventLog) ->
     for flag in (False, True):  # bools are ints to Python, not versions
         with pytest.raises(InvalidEventError, match="expected_version"):
             log.append("s", notes("x"), flag)
+    request = AppendRequest("s", notes("x"))
+    with pytest.raises(InvalidEventError, match="takes AppendRequests, found tuple"):
+        log.append_batch([request, ("s", notes("y"))])  # type: ignore[list-item]
     assert log.head() == 0
 
 
