@@ -242,6 +242,10 @@ class EventLog:
         prepared: Submission = []
         encode = codec.encode
         new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python call per event
+        if requests.__class__ is not list and not isinstance(requests, Iterable):
+            raise InvalidEventError(
+                f"append_batch takes AppendRequests, found {type(requests).__name__}"
+            )
         for request in requests:
             if request.__class__ is not AppendRequest and not isinstance(request, AppendRequest):
                 raise InvalidEventError(
@@ -269,7 +273,13 @@ class EventLog:
                 )
             items: list[PreparedEvent] = []
             chosen = False
-            for index, item in enumerate(request.events):
+            events = request.events
+            if events.__class__ not in (list, tuple) and not isinstance(events, Iterable):
+                raise InvalidEventError(
+                    f"stream {stream!r}: events must be a list of events, found "
+                    f"{type(events).__name__}"
+                )
+            for index, item in enumerate(events):
                 if isinstance(item, Event):
                     event, event_id = item, None
                 elif isinstance(item, Proposed):

@@ -74,7 +74,10 @@ class GroupCommitWriter:
             if not queued:
                 return self._commit_alone(submission)
             future: Future[Results] = Future()
-            self._commit([(submission, future), *queued])
+            # Others' events, which no pause of their callers covers (an asyncio caller's
+            # ended once it queued) and a caller of a few events took none for its own.
+            with collector.paused():
+                self._commit([(submission, future), *queued])
         finally:
             self._leader.release()
         return future.result()
@@ -109,8 +112,8 @@ class GroupCommitWriter:
             if first is None:
                 return
             with self._leader:  # paused once leading, not while a caller's commit lasts
-                collector.pause()  # (a caller's leader commit is paused by its caller if
-                started = time.thread_time()  # not a few events, its CPU counted as its own)
+                collector.pause()  # (a caller leading a commit pauses it in `write`, and
+                started = time.thread_time()  # its CPU counts as its caller's)
                 try:
                     items, stop = self._drain([first])
                     self._commit(items)

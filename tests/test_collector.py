@@ -253,3 +253,52 @@ def test_an_append_of_a_few_events_leaves_the_collector_alone(
                 asyncio.run(queued(events))
         here = threading.current_thread().name  # (the writer thread pauses for its commits)
         assert [count for name, count in paused_by if name == here] == [len(MANY)]
+
+
+def test_a_caller_of_a_few_events_leading_others_queued_events_pauses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single append that finds an asyncio caller's many events queued commits them too:
+    that commit rests the collector (the asyncio caller's pause ended once it queued, and
+    the single append took none). The writer thread is kept out of the way so that the
+    caller, not it, leads the queued events."""
+    from eventlog.store.sqlite import SqliteDialect
+    from eventlog.writer import GroupCommitWriter
+
+    monkeypatch.setattr(GroupCommitWriter, "_run", lambda self: None)  # no writer thread
+    enabled_in: dict[int, bool] = {}
+    begin = SqliteDialect.begin_write
+
+    def noting(self: Any, cursor: Any) -> None:
+        enabled_in[len(enabled_in)] = gc.isenabled()
+        begin(self, cursor)
+
+    with EventLog.open(tmp_path / "run.db") as log:
+        monkeypatch.setattr(SqliteDialect, "begin_write", noting)
+
+        async def main() -> None:
+            queued = asyncio.ensure_future(log.append_async("many", MANY))
+            await asyncio.sleep(0)  # encoded and queued; no writer thread takes it
+            log.append("few", [LogNote(text="x")])  # leads, and takes the queued ones along
+            await queued
+
+        asyncio.run(main())
+        assert log.head() == 1 + len(MANY)
+    assert enabled_in == {0: False}  # one commit, the collector at rest
+
+
+def test_a_batch_of_several_requests_pauses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only one request of a few events leaves the collector as it is: several requests, or
+    requests not handed as a list, pause it like any bigger append."""
+    from eventlog import AppendRequest
+
+    with EventLog.open(tmp_path / "run.db") as log:
+        calls = recorded_switches(monkeypatch)
+        one = [LogNote(text="x")]
+        log.append_batch([AppendRequest("a", one), AppendRequest("b", one)])
+        assert calls[:1] == [("disable", False)]
+        calls.clear()
+        log.append_batch(iter([AppendRequest("c", one)]))  # type: ignore[arg-type]
+        assert calls[:1] == [("disable", False)]

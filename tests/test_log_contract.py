@@ -196,7 +196,24 @@ def test_invalid_items_are_rejected_before_anything_is_written(log: EventLog) ->
     request = AppendRequest("s", notes("x"))
     with pytest.raises(InvalidEventError, match="takes AppendRequests, found tuple"):
         log.append_batch([request, ("s", notes("y"))])  # type: ignore[list-item]
+    with pytest.raises(InvalidEventError, match="takes AppendRequests, found AppendRequest"):
+        log.append_batch(request)  # type: ignore[arg-type]
+    for events in (LogNote(text="x"), None):  # one event, not a list of them; none at all
+        with pytest.raises(InvalidEventError, match="events must be a list of events, found"):
+            log.append("s", events)  # type: ignore[arg-type]
     assert log.head() == 0
+
+
+def test_any_iterable_of_requests_or_events_is_appended(log: EventLog) -> None:
+    """A generator of requests, or of events, is taken as a list of them, sync and async."""
+    log.append_batch(AppendRequest(f"s{i}", notes("x")) for i in range(2))  # type: ignore[arg-type]
+    log.append("t", (note for note in notes("a", "b")))  # type: ignore[arg-type]
+
+    async def queued() -> None:
+        await log.append_batch_async(iter([AppendRequest("u", notes("y"))]))  # type: ignore[arg-type]
+
+    asyncio.run(queued())
+    assert [r.stream for r in log.read()] == ["s0", "s1", "t", "t", "u"]
 
 
 # -- idempotency -------------------------------------------------------------------------

@@ -152,12 +152,15 @@ def _destination(
 ) -> str | None:
     """The revision `revision` names in this program's linear history (`order`, base first):
     an id or its prefix, head, heads, base, `REV@head`, or one of those (the current
-    revision if none, or `@`) plus or minus steps. None where it names none: no such
+    revision if none, `@` or `REV@`) plus or minus steps. None where it names none: no such
     revision, an ambiguous prefix, a step past either end."""
     relative = re.fullmatch(r"(.*?)(?:([+-])([0-9]{1,9}))?", revision)
     assert relative is not None  # every text matches
     anchor, sign, steps = relative.groups()
     try:  # alembic names head, heads and prefixes; base is no revision (None)
+        if anchor.endswith("@") and anchor != "@":  # `REV@+1`: steps from the current one
+            script.get_revision(anchor[:-1])  # of REV's branch, which is the only one here
+            anchor = "@"
         found = script.get_revision(current if anchor in ("", "@") else anchor)
     except Exception:  # no such revision, an ambiguous prefix
         return None

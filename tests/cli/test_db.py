@@ -263,3 +263,14 @@ def test_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None
         result = cli(*argv)
         assert result.exit_code == 3, result.output
         assert f"error: {log_file}: the schema revision cannot be read" in result.stderr
+
+
+def test_a_step_from_a_revision_s_branch_is_a_step_from_the_current_one(log_file: str) -> None:
+    """`REV@+1` (alembic's steps within REV's branch: here the only one) went to the next
+    revision before we resolved revisions ourselves, and must still."""
+    assert cli("db", "downgrade", log_file, "0002").exit_code == 0
+    moved = cli("db", "upgrade", log_file, "--revision", "0002@+1")
+    assert moved.exit_code == 0, moved.output
+    assert moved.stdout == f"{log_file}: upgraded 0002 -> 0003\n"
+    refused = cli("db", "upgrade", log_file, "--revision", "x@+1")  # no branch x
+    assert refused.stderr.endswith(": no such revision\n")
