@@ -50,7 +50,8 @@ MAX_STREAM_LENGTH = 512
 FEW_EVENTS = 8
 """An append of up to this many events to one stream leaves the collector as it is: pausing
 it (a lock and two switches, twice) cost a single append more than the handful of objects
-such an append makes could cost a collection. The writer thread's commits still pause it."""
+such an append makes could cost a collection. A commit that holds others' events still
+pauses it (`GroupCommitWriter`)."""
 
 
 def _pauses_collector(requests: Sequence[AppendRequest]) -> bool:
@@ -198,7 +199,8 @@ class EventLog:
 
     def append_batch(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append to several streams in one atomic step: every request lands, or none."""
-        # The cyclic collector rests while the call encodes, plans and writes (`collector`).
+        # The cyclic collector rests while the call encodes, plans and writes (`collector`),
+        # unless it is a few events.
         pausing = _pauses_collector(requests)
         if pausing:
             collector.pause()
