@@ -210,8 +210,13 @@ class SqliteStores:
         table = "stored_events" if impl == "eventsourcing" else "events"
         with contextlib.closing(sqlite3.connect(path)) as conn:
             self.stored = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        _remove_database(path)
+
+
+def _remove_database(path: Path) -> None:
+    """An SQLite file and its WAL files."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 class PostgresStores:
@@ -504,8 +509,7 @@ def id_index_cost(workdir: Path, calls: Sequence[Call], repeats: int) -> float:
                 appender.append(call)
             cpu[indexed] = (time.process_time() - started) / events * 1e6
             appender.close()
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            _remove_database(path)
         differences.append(cpu[True] - cpu[False])
     template.unlink()
     return round(sorted(differences)[len(differences) // 2], 3)

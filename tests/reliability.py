@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from eventlog.log import resolve_url
-from eventlog.store.postgres import LOCK_KEY
+from eventlog.store.postgres import LOCK_KEY, PostgresDialect
+from eventlog.store.sqlite import SqliteDialect
 
 _SQLITE_HOLDER = """
 import sqlite3, sys
@@ -83,3 +89,25 @@ def drop_append_only(conn: sa.Connection | sqlite3.Connection) -> None:
         return
     for statement in _DROP_APPEND_ONLY[conn.dialect.name]:
         conn.exec_driver_sql(statement)
+
+
+def signal_at_begin(patches: pytest.MonkeyPatch, began: threading.Event) -> None:
+    """Set `began` whenever a writer opens its transaction (on either backend), then open
+    it: a test sees the writer take a batch, not a pause that hopes it has."""
+    for dialect in (SqliteDialect, PostgresDialect):
+
+        def beginning(
+            self: Any, cursor: Any, begin: Callable[[Any, Any], None] = dialect.begin_write
+        ) -> None:
+            began.set()
+            begin(self, cursor)
+
+        patches.setattr(dialect, "begin_write", beginning)
+
+
+async def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    """Poll `condition` on the loop (other tasks run meanwhile) until it holds."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "the awaited condition never held"
+        await asyncio.sleep(0.005)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -31,10 +29,8 @@ from eventlog.recovery.vocabulary import (
     attempt_stream,
     group_stream,
 )
-from eventlog.store.postgres import PostgresDialect
-from eventlog.store.sqlite import SqliteDialect
 from tests.fixtures.ledger import Harness, backend_harness_fixture, make_prompt  # noqa: F401
-from tests.reliability import write_lock_held
+from tests.reliability import signal_at_begin, until, write_lock_held
 
 T = TypeVar("T")
 
@@ -57,22 +53,14 @@ def in_flight_together(
     queued (the commands that do not wait for another's commit), not after a pause: a busy
     machine let a command read its attempt stream for longer than any pause.
     """
-    blocker_began = threading.Event()
+    blocker_began = threading.Event()  # the writer thread took the blocker, alone
     submitted = 0
-
-    def beginning(dialect: Any, cursor: Any, begin: Callable[[Any, Any], None]) -> None:
-        blocker_began.set()  # the writer thread took the blocker: it alone is in this batch
-        begin(dialect, cursor)
 
     async def main() -> tuple[list[T | BaseException], int]:
         nonlocal submitted
         with contextlib.ExitStack() as lock, pytest.MonkeyPatch.context() as patches:
             lock.enter_context(write_lock_held(h.location))  # another process holds it
-            for dialect in (SqliteDialect, PostgresDialect):
-                begin = dialect.begin_write
-                patches.setattr(
-                    dialect, "begin_write", functools.partialmethod(beginning, begin=begin)
-                )
+            signal_at_begin(patches, blocker_began)
             blocker = asyncio.ensure_future(
                 h.log.append_async(attempt_stream("blocker_g0"), [blocker_event()])
             )
@@ -97,14 +85,6 @@ def in_flight_together(
             return list(results), h.log.commits - before - 1
 
     return asyncio.run(main())
-
-
-async def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
-    """Poll `condition` on the loop (other tasks run meanwhile) until it holds."""
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, "the awaited condition never held"
-        await asyncio.sleep(0.005)
 
 
 def blocker_event() -> GenerationStarted:

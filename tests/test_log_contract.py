@@ -34,10 +34,9 @@ from eventlog import (
 from eventlog.log import open_store, resolve_url
 from eventlog.store import migrate
 from eventlog.store.base import EXPECT_ANY, PreparedEvent, PreparedRequest
-from eventlog.store.postgres import LOCK_KEY, PostgresDialect
-from eventlog.store.sqlite import SqliteDialect
+from eventlog.store.postgres import LOCK_KEY
 from eventlog.writer import GroupCommitWriter
-from tests.reliability import drop_append_only
+from tests.reliability import drop_append_only, signal_at_begin, until
 from tests.vocabulary import LogNote
 
 
@@ -262,7 +261,7 @@ def queued(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return found
 
 
-def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
+def wait_until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
     deadline = time.monotonic() + deadline_s
     while not condition():
         assert time.monotonic() < deadline, "the awaited condition never held"
@@ -289,7 +288,7 @@ def test_concurrent_appenders_share_commits_and_a_bad_one_fails_alone(
         threads = [threading.Thread(target=appender, args=(i,)) for i in range(64)]
         for thread in threads:
             thread.start()
-        until(lambda: len(queued) == 63)  # all but the one leading its own commit
+        wait_until(lambda: len(queued) == 63)  # all but the one leading its own commit
     for thread in threads:
         thread.join()
     assert isinstance(results[7], ConcurrencyError)
@@ -629,17 +628,14 @@ def test_a_retry_racing_its_original_in_one_commit_gets_the_same_positions(
 ) -> None:
     proposed = [Proposed(LogNote(text="once"), uuid.uuid4())]
     taken = threading.Event()
-    for dialect in (SqliteDialect, PostgresDialect):
-        monkeypatch.setattr(dialect, "begin_write", _signalling(dialect.begin_write, taken))
+    signal_at_begin(monkeypatch, taken)
 
     async def main() -> list[list[int]]:
         with write_lock_held(log_target):
             blocker = asyncio.create_task(log.append_async("blocker", notes("b")))
-            while not taken.is_set():  # the writer took the blocker alone and waits
-                await asyncio.sleep(0.005)
+            await until(taken.is_set)  # the writer took the blocker alone and waits
             both = [asyncio.create_task(log.append_async("r", proposed)) for _ in range(2)]
-            while len(queued) < 3:  # both are queued behind it: one batch once it commits
-                await asyncio.sleep(0.005)
+            await until(lambda: len(queued) >= 3)  # both behind it: one batch once it commits
         await blocker
         return [result.seqs for result in await asyncio.gather(*both)]
 
@@ -647,11 +643,3 @@ def test_a_retry_racing_its_original_in_one_commit_gets_the_same_positions(
     assert asyncio.run(main()) == [[2], [2]]
     assert log.head() == 2
     assert log.commits - commits == 2  # the blocker's, then the pair's
-
-
-def _signalling(begin: Callable[[Any, Any], None], began: threading.Event) -> Any:
-    def beginning(self: Any, cursor: Any) -> None:
-        began.set()
-        begin(self, cursor)
-
-    return beginning

@@ -47,17 +47,21 @@ def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, st
     return before, after or None
 
 
+def _moved(target: str, verb: str, before: str | None, after: str | None) -> None:
+    """What a migration did, or that it had nothing to do ('(empty)': no schema)."""
+    if before == after:
+        click.echo(f"{shown_target(target)}: already at revision {after or '(empty)'}")
+    else:
+        click.echo(f"{shown_target(target)}: {verb} {before or '(empty)'} -> {after or '(empty)'}")
+
+
 @db.command()
 @click.argument("target")
 @click.option("--revision", default="head", show_default=True, help="Revision to migrate to.")
 def upgrade(target: str, revision: str) -> None:
     """Migrate TARGET up to a revision (creates the log if TARGET is new)."""
     require_parent(target)
-    before, after = _migrate(target, revision, "upgrade")
-    if before == after:
-        click.echo(f"{shown_target(target)}: already at revision {after or '(empty)'}")
-    else:
-        click.echo(f"{shown_target(target)}: upgraded {before or '(empty)'} -> {after}")
+    _moved(target, "upgraded", *_migrate(target, revision, "upgrade"))
 
 
 class _StepsBack(click.Command):
@@ -78,12 +82,7 @@ class _StepsBack(click.Command):
 def downgrade(target: str, revision: str) -> None:
     """Migrate TARGET down to REVISION (`base` drops every table: the log is gone)."""
     require_existing(target)
-    before, after = _migrate(target, revision, "downgrade")
-    if before == after:
-        click.echo(f"{shown_target(target)}: already at revision {after or '(empty)'}")
-    else:
-        shown = f"{before or '(empty)'} -> {after or '(empty)'}"
-        click.echo(f"{shown_target(target)}: downgraded {shown}")
+    _moved(target, "downgraded", *_migrate(target, revision, "downgrade"))
 
 
 @db.command()

@@ -265,6 +265,18 @@ def test_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None
         assert f"error: {log_file}: the schema revision cannot be read" in result.stderr
 
 
+def test_a_migration_of_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None:
+    """alembic's own refusal (its CommandError) is ours, naming the log and the revision."""
+    sql(log_file, "INSERT INTO alembic_version VALUES ('0001')")
+    for argv, revision in (([], "head"), (["0002"], "0002")):
+        direction = "downgrade" if argv else "upgrade"
+        result = cli("db", direction, log_file, *argv)
+        assert result.exit_code == 3, result.output
+        assert result.stderr.startswith(
+            f"error: {log_file}: cannot {direction} to {revision!r}: Version table"
+        )
+
+
 def test_a_step_from_a_revision_s_branch_is_a_step_from_the_current_one(log_file: str) -> None:
     """`REV@+1` (alembic's steps within REV's branch: here the only one) went to the next
     revision before we resolved revisions ourselves, and must still."""
