@@ -3,13 +3,23 @@ and, on PostgreSQL, the roles that may write and audit it."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sqlite3
+from pathlib import Path
 
 import click
 from alembic.util.exc import CommandError
 
 from eventlog.cli.exits import CliUsageError, ExitCode
-from eventlog.cli.targets import require_existing, require_parent, run_target, shown_target
+from eventlog.cli.targets import (
+    SIDE_FILES,
+    require_existing,
+    require_parent,
+    run_target,
+    shown_target,
+    sqlite_file,
+)
 from eventlog.errors import LogRevisionError
 from eventlog.log import open_store
 from eventlog.store import migrate
@@ -61,7 +71,31 @@ def _moved(target: str, verb: str, before: str | None, after: str | None) -> Non
 def upgrade(target: str, revision: str) -> None:
     """Migrate TARGET up to a revision (creates the log if TARGET is new)."""
     require_parent(target)
-    _moved(target, "upgraded", *_migrate(target, revision, "upgrade"))
+    file = sqlite_file(target)
+    new = file if file is not None and not file.exists() else None
+    try:
+        before, after = _migrate(target, revision, "upgrade")
+    except BaseException:
+        if new is not None:
+            _remove_unmade(new)
+        raise
+    if new is not None and after is None:
+        _remove_unmade(new)
+    _moved(target, "upgraded", before, after)
+
+
+def _remove_unmade(path: Path) -> None:
+    """Remove the SQLite file an upgrade made but left without a log (refused, or asked
+    for no schema): connecting created it, and an empty file was left for the next command
+    to take for a log. Not if a log appeared there meanwhile (another process made one)."""
+    with (
+        contextlib.suppress(OSError, sqlite3.Error),
+        contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db,
+    ):
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
+            return
+    for suffix in SIDE_FILES:
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
 
 
 class _StepsBack(click.Command):

@@ -81,7 +81,7 @@ class OutputPath(click.Path):
         return super().convert(value, param, ctx)
 
 
-_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+SIDE_FILES = ("", "-wal", "-shm", "-journal")
 """An SQLite log's file and the files SQLite keeps beside it."""
 
 
@@ -93,7 +93,7 @@ def log_file_at(target: str, path: Path) -> str | None:
         return None
     log = file.expanduser().resolve()
     out = path.expanduser().resolve()
-    for suffix in _SIDE_FILES:
+    for suffix in SIDE_FILES:
         beside = log.with_name(log.name + suffix)
         if out == beside or (out.exists() and beside.exists() and os.path.samefile(out, beside)):
             return beside.name

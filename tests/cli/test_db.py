@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from alembic.util.exc import CommandError
 
+from eventlog.store import migrate
 from tests.cli.helpers import HEAD_REVISION, cli, query, sql
 
 
@@ -201,7 +203,7 @@ def test_a_new_log_is_not_made_at_a_revision_that_names_none(tmp_path: Path, rev
     refused = cli("db", "upgrade", path, "--revision", revision)
     assert refused.exit_code == 3, refused.output
     assert refused.stderr.endswith(": no such revision\n")
-    assert query(path, "SELECT name FROM sqlite_master WHERE name = 'events'") == []
+    assert list(tmp_path.iterdir()) == []  # not even an empty file, taken for a log later
 
 
 def test_a_downgrade_one_step_back_from_the_current_revision_moves_there(
@@ -221,6 +223,22 @@ def test_a_migration_to_no_schema_from_none_says_empty(tmp_path: Path) -> None:
     stayed = cli("db", "upgrade", path, "--revision", "base")
     assert stayed.exit_code == 0, stayed.output
     assert stayed.stdout == f"{path}: already at revision (empty)\n"
+    assert list(tmp_path.iterdir()) == []  # alembic's version table made a file of it
+
+
+def test_a_refused_upgrade_keeps_a_log_another_process_made_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was new when the upgrade began; a log there now is someone else's."""
+    path = str(tmp_path / "new.db")
+
+    def made_elsewhere_then_refused(*args: object, **kwargs: object) -> None:
+        assert cli("init", path).exit_code == 0
+        raise CommandError("refused")
+
+    monkeypatch.setattr(migrate, "move", made_elsewhere_then_refused)
+    assert cli("db", "upgrade", path).exit_code == 3
+    assert query(path, "SELECT count(*) FROM events") == [(0,)]
 
 
 def test_an_upgrade_one_step_back_from_the_current_revision_is_refused(log_file: str) -> None:
