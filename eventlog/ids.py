@@ -30,9 +30,10 @@ one lock: the bulk path's format string and comprehensions cost more than they s
 
 
 def _forget_random() -> None:
-    """In a forked child: the parent's unused random bytes would repeat its ids."""
-    global _random, _offset
-    _random, _offset = b"", 0
+    """In a forked child: the parent's unused random bytes would repeat its ids, and a
+    parent thread minting at the fork left the lock held for good."""
+    global _random, _offset, _lock
+    _random, _offset, _lock = b"", 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_random)

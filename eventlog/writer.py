@@ -20,7 +20,7 @@ from collections import defaultdict
 from concurrent.futures import Future
 from typing import TypeAlias
 
-from eventlog import collector
+from eventlog import collector, forks
 from eventlog.errors import EventLogError, LogClosedError
 from eventlog.records import AppendResult
 from eventlog.store.base import Outcome, SqlStore, Submission
@@ -43,13 +43,27 @@ class GroupCommitWriter:
         self._lock = threading.Lock()
         self._leader = threading.Lock()
         """Held while a batch is being written: one transaction at a time per log."""
-        self._thread = threading.Thread(target=self._run, name="eventlog-writer", daemon=True)
-        self._thread.start()
+        self._thread = self._start()
+        forks.watch(self)
         self.batches = 0
         """Transactions committed so far (the benchmarks report events per commit)."""
         self.cpu_seconds = 0.0
         """CPU time the writer thread spent writing (waiting for fsync costs none); commits
         a caller leads count in its caller's time (`EventLog.cpu_seconds`)."""
+
+    def _start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="eventlog-writer", daemon=True)
+        thread.start()
+        return thread
+
+    def after_fork_in_child(self) -> None:
+        """The writer thread, a caller leading a commit and the callers of what is queued
+        are the parent's: the child starts with locks no one holds, an empty queue and a
+        writer thread of its own (an append there waited for good)."""
+        self._lock, self._leader = threading.Lock(), threading.Lock()
+        self._queue = queue.SimpleQueue()
+        if not self._closed:
+            self._thread = self._start()
 
     def submit(self, submission: Submission) -> Future[Results]:
         """Queue a submission; the future resolves (or raises) after its transaction."""

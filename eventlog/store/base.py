@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
-from eventlog import chain
+from eventlog import chain, forks
 from eventlog.errors import (
     ConcurrencyError,
     DamagedRecordError,
@@ -168,6 +168,9 @@ class Dialect(Protocol):
 
     def dispose(self) -> None: ...
 
+    def after_fork_in_child(self) -> None:
+        """Leave the parent's connections alone (`forks.abandon_pools`)."""
+
 
 _Placed = tuple[str, int, int, str, int, bytes]
 """Where a caller-chosen event id landed: stream, seq, version, type, schema, payload."""
@@ -219,6 +222,14 @@ class SqlStore:
         self._statements: dict[tuple[str, tuple[int, ...]], str] = {}
         self._assumed = False
         """Whether the transaction being written took a stream to be new unread."""
+        forks.watch(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's connections stay the parent's (`forks`): the child's writer and
+        readers connect afresh, and the tail is read again before it is assumed."""
+        forks.keep(self._writer_conn)
+        self._writer_conn, self._writer_dbapi, self._tail_shared = None, None, True
+        self.dialect.after_fork_in_child()
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, cast
 import sqlalchemy as sa
 from sqlalchemy import Engine, event
 
+from eventlog import forks
 from eventlog.errors import StorageUnavailableError
 from eventlog.store import runs
 
@@ -201,6 +202,11 @@ class PostgresDialect:
                 self._listener = None
         for engine in self._engines:
             engine.dispose()
+
+    def after_fork_in_child(self) -> None:
+        forks.keep(self._listener)
+        self._listener, self._listener_lock = None, threading.Lock()
+        forks.abandon_pools(self._engines)
 
 
 LOG_TABLES = ("events", "log_meta", "snapshots", "alembic_version")

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, event
 
-from eventlog.errors import StorageUnavailableError
+from eventlog import forks
+from eventlog.errors import LogClosedError, StorageUnavailableError
 
 Durability = Literal["full", "normal"]
 
@@ -192,6 +193,20 @@ class SqliteDialect:
     def dispose(self) -> None:
         for engine in self._engines:
             engine.dispose()
+
+    def after_fork_in_child(self) -> None:
+        """SQLite keeps a process's locks on a file in memory shared by every connection to
+        it, which the child copied as they were at the fork: no connection of the child's
+        could trust them. The inherited log refuses, naming the way that works."""
+        forks.abandon_pools(
+            self._engines,
+            LogClosedError(
+                f"{self.path}: this log was opened in the parent of this forked process, "
+                "and SQLite cannot be used across a fork",
+                hint="open the log in a process started with the 'spawn' or 'forkserver' "
+                "method (multiprocessing.get_context), or in the parent only after forking",
+            ),
+        )
 
 
 def _on_read_only_medium(path: Path) -> bool:
