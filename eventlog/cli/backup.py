@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from eventlog.cli.exits import CliUsageError, ExitCode
-from eventlog.cli.targets import open_log, shown_target, writing_output
+from eventlog.cli.targets import open_log, refuse_writing_onto_log, shown_target, writing_output
 
 
 @click.command()
@@ -37,6 +37,7 @@ def backup(ctx: click.Context, target: str, dest: str) -> None:
     if not dest:  # Path("") is ".", which "already exists"
         raise CliUsageError("DEST is empty: name the new file to write the backup to")
     copy_to = Path(dest)
+    refuse_writing_onto_log(target, copy_to)  # its -journal: every command then failed
     if copy_to.exists():
         raise CliUsageError(f"{dest}: already exists; a backup never overwrites a file")
     if not copy_to.parent.is_dir():
@@ -59,6 +60,9 @@ def backup(ctx: click.Context, target: str, dest: str) -> None:
             err=True,
         )
         ctx.exit(ExitCode.INTEGRITY)
+    if not seq:  # no record to anchor to (`verify --anchor` takes a seq of 1 or more)
+        click.echo(f"{dest}: 0 records (an empty log: no anchor to check a restore against)")
+        return
     click.echo(
         f"{dest}: {report.records} records, head seq {report.head}, anchor {anchor} "
         f"(check a restore with `eventlog verify COPY --anchor {anchor}`)"

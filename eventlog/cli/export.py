@@ -693,7 +693,8 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
                 "--format parquet needs pyarrow, which is not installed",
                 hint="pip install 'eventlog[audit]', or use --format jsonl or csv",
             ) from None
-    if output.exists() and not output.is_dir():
+    refuse_writing_onto_log(target, output)  # a folder named run.db-journal: SQLite then
+    if output.exists() and not output.is_dir():  # failed every command on the log
         raise CliUsageError(f"{output}: exists and is not a folder")
     form = FORMATS[fmt]()
     suffix = form.suffix
@@ -717,6 +718,7 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
         return sink
 
     with (
+        _removed_if_failed(output),
         writing_output(output),
         open_log(target) as log,
         collector.paused(long=True),
@@ -775,6 +777,20 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
     helpers = pids - {os.getpid()}
     if helpers:
         console.print(f"tables built by {len(helpers)} worker process{'es' * (len(helpers) > 1)}")
+
+
+@contextlib.contextmanager
+def _removed_if_failed(folder: Path) -> Iterator[None]:
+    """A folder the export makes is removed again if the export fails (emptied by then:
+    a failed export leaves no table behind, nor the folder it made for them)."""
+    made = not folder.exists()
+    try:
+        yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):  # not empty: someone else's files are in it
+                folder.rmdir()
+        raise
 
 
 def _write_chunks(

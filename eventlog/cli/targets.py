@@ -54,8 +54,16 @@ def require_existing(target: str) -> None:
         raise CliUsageError(
             f"{target}: no such file", hint=f"create a log with `eventlog init {target}`"
         )
-    if path.is_dir():  # SQLite says only "disk I/O error" (exit 6) of a folder
+    _require_regular(target, path)
+
+
+def _require_regular(target: str, path: Path) -> None:
+    """A folder or a special file (a FIFO, a device) is no log: SQLite says only "disk I/O
+    error" of a folder, and its read-only open of a FIFO waited for a writer for good."""
+    if path.is_dir():
         raise CliUsageError(f"{target}: is a folder, not a log file")
+    if path.exists() and not path.is_file():
+        raise CliUsageError(f"{target}: not a regular file, so not a log file")
 
 
 def require_parent(target: str) -> None:
@@ -67,8 +75,7 @@ def require_parent(target: str) -> None:
     parent = path.resolve().parent
     if not parent.is_dir():
         raise CliUsageError(f"{target}: folder {parent} does not exist")
-    if path.is_dir():
-        raise CliUsageError(f"{target}: is a folder, not a log file")
+    _require_regular(target, path)
 
 
 class OutputPath(click.Path):

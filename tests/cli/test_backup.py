@@ -88,3 +88,17 @@ def test_a_backup_takes_dest_and_leaves_nothing_else(log_file: str, tmp_path: Pa
     assert done.stdout.startswith(f"{dest}: 3 records, head seq 3, anchor 3:")
     assert _beside_the_log(tmp_path) - {"copy.db-wal", "copy.db-shm"} == {"copy.db"}
     assert cli("verify", str(dest)).exit_code == 0
+
+
+def test_a_backup_of_an_empty_log_suggests_no_anchor_verify_refuses(
+    log_file: str, tmp_path: Path
+) -> None:
+    """It suggested `verify COPY --anchor 0:...`, which verify refuses (a seq of 1 or more)."""
+    assert cli("init", log_file).exit_code == 0
+    dest = tmp_path / "copy.db"
+    done = cli("backup", log_file, str(dest))
+    assert done.exit_code == 0, done.output
+    assert (
+        done.stdout == f"{dest}: 0 records (an empty log: no anchor to check a restore against)\n"
+    )
+    assert cli("verify", str(dest)).exit_code == 0

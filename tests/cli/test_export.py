@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from eventlog import codec
 from eventlog.chain import link
 from eventlog.cli import export as export_module
+from eventlog.cli.exits import CliUsageError
 from eventlog.events import Event, event_types
 from eventlog.recovery.vocabulary import RestoreStarted, TokensStaged
 from tests.cli.audited_run import AuditedRun
@@ -553,7 +554,7 @@ def test_an_export_failing_before_its_first_chunk_leaves_no_partial_table(
     out = tmp_path / "out"
     result = cli("export", run.path, "--format", "jsonl", "--jobs", "1", "-o", str(out))
     assert result.exit_code == 3 and "RestoreStarted v1 payload does not decode" in result.stderr
-    assert list(out.iterdir()) == []
+    assert not out.exists()  # made for the export, gone with it
 
 
 def test_an_empty_output_folder_is_refused_not_taken_for_this_one(
@@ -943,6 +944,24 @@ def test_an_output_that_cannot_be_written_is_one_line_naming_it(
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith("error: ") and said in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_failed_export_removes_the_folder_it_made_and_keeps_one_it_found(
+    run: AuditedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It left the new folder behind, empty."""
+
+    def refused(*args: object) -> set[int]:
+        raise CliUsageError("refused midway")
+
+    monkeypatch.setattr(export_module, "_write_chunks", refused)
+    made, found = tmp_path / "new" / "export", tmp_path / "found"
+    found.mkdir()
+    for out in (made, found):
+        result = cli("export", run.path, "-o", str(out), "--format", "jsonl")
+        assert result.stderr == "error: refused midway\n"
+    assert not made.exists() and (tmp_path / "new").is_dir()
+    assert found.is_dir() and list(found.iterdir()) == []
 
 
 def test_an_export_into_a_used_folder_leaves_no_table_of_the_earlier_log(

@@ -217,17 +217,24 @@ def test_postgresql_urls_of_either_name_go_through_psycopg(url: str) -> None:
         (["init", "sqlite:///{dir}"], "is a folder, not a log file"),
         (["info", "sqlite:///{dir}/missing.db"], "no such file"),
         (["info", "sqlite:///{dir}"], "is a folder, not a log file"),
+        (["info", "{dir}/fifo"], "not a regular file"),
+        (["replay", "{dir}/fifo"], "not a regular file"),
+        (["init", "{dir}/fifo"], "not a regular file"),
+        (["append", "{dir}/fifo"], "not a regular file"),
     ],
 )
 def test_a_target_file_that_cannot_be_a_log_is_named_as_such(
     tmp_path: Path, argv: list[str], said: str
 ) -> None:
     """An SQLite URL is checked as its path is (it was exit 6, "unable to open database
-    file" or "disk I/O error"), a folder is not a new log, an empty TARGET is named."""
-    result = cli(*[a.format(dir=tmp_path) for a in argv])
+    file" or "disk I/O error"), a folder is not a new log, an empty TARGET is named; a FIFO
+    is no log (reading one waited for a writer for good)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = cli(*[a.format(dir=tmp_path) for a in argv], input="")
     assert result.exit_code == 2, result.output
     assert said in result.stderr and "Traceback" not in result.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [fifo]
 
 
 def test_an_argument_that_is_not_utf8_is_a_usage_error(tmp_path: Path) -> None:

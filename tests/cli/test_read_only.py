@@ -59,6 +59,10 @@ def _onto_the_log(db: Path, how: str) -> list[str]:
     """A `report` or `export` whose output is one of the log's own files."""
     if how == "report onto -wal":
         return ["report", str(db), "-o", str(db.with_name(db.name + "-wal"))]
+    if how == "export into -journal":  # a folder of that name: SQLite failed every command
+        return ["export", str(db), "-o", str(db.with_name(db.name + "-journal"))]
+    if how == "backup onto -journal":
+        return ["backup", str(db), str(db.with_name(db.name + "-journal"))]
     if how == "report onto a hard link":
         link = db.with_name("copy.html")
         link.hardlink_to(db)
@@ -70,9 +74,16 @@ def _onto_the_log(db: Path, how: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "how", ["report onto -wal", "report onto a hard link", "export onto a table's name"]
+    "how",
+    [
+        "report onto -wal",
+        "report onto a hard link",
+        "export onto a table's name",
+        "export into -journal",
+        "backup onto -journal",
+    ],
 )
-def test_report_and_export_refuse_to_write_over_the_log_they_read(
+def test_report_export_and_backup_refuse_to_write_over_the_log_they_read(
     run: AuditedRun, how: str
 ) -> None:
     """A report written over `run.db-wal` lost every record committed in the WAL, one over a
@@ -88,4 +99,5 @@ def test_report_and_export_refuse_to_write_over_the_log_they_read(
     assert "a read command never writes to the log it reads" in result.stderr
     after = fingerprint(log)
     assert {name: after[name] for name in before} == before  # (an empty -wal may appear)
+    assert not log.with_name(log.name + "-journal").exists()
     assert cli("verify", str(log)).exit_code == 0
