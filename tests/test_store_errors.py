@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from eventlog import EventLog
+from eventlog import NO_STREAM, EventLog
 from eventlog.cli.exits import ExitCode, exit_code_for
 from eventlog.cli.main import main
 from eventlog.errors import (
+    ConcurrencyError,
     InvalidEventError,
     StorageDamagedError,
     StorageError,
@@ -199,3 +200,30 @@ def test_a_lost_listener_connection_is_a_typed_error_and_the_next_wait_listens_a
         started = time.monotonic()
         log.wait_for_append(head, timeout=30.0)
         assert time.monotonic() - started < 15.0  # notified, not timed out
+
+
+def test_a_stream_taken_to_be_new_that_exists_costs_no_connection_and_says_nothing(
+    log_target: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Another writer made the stream: the insert's refusal is rolled back and planned
+    again, an ordinary ConcurrencyError. It dropped the writer's connection (a new one per
+    such race) and psycopg printed "error ignored terminating <Pipeline>" on stderr."""
+    opened: list[object] = []
+    for dialect in (SqliteDialect, PostgresDialect):
+
+        def counted(self: Any, dbapi: Any, set_up: Any = dialect.writer_connection) -> None:
+            opened.append(dbapi)
+            set_up(self, dbapi)
+
+        monkeypatch.setattr(dialect, "writer_connection", counted)
+    with EventLog.open(log_target) as mine, EventLog.open(log_target) as theirs:
+        mine.append("mine", [LogNote(text="a")], NO_STREAM)
+        theirs.append("s", [LogNote(text="b")], NO_STREAM)
+        capfd.readouterr()
+        before = len(opened)
+        for _ in range(3):
+            with pytest.raises(ConcurrencyError):
+                mine.append("s", [LogNote(text="c")], NO_STREAM)
+            mine.append("mine", [LogNote(text="d")])
+        assert len(opened) == before
+        assert capfd.readouterr().err == ""

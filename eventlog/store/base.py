@@ -313,7 +313,9 @@ class SqlStore:
             return self._write_in(dbapi, submissions, assume)
         except _TailMoved:  # rolled back, nothing wrong with the connection
             raise
-        except BaseException:
+        except BaseException as exc:
+            if self._assumed and isinstance(translate(exc, self.target), StorageIntegrityError):
+                raise  # a stream taken to be new exists: rolled back, planned again (`write`)
             # After a failed commit the connection's state is not worth trusting: drop it from
             # the pool too (a connection the server closed would fail the next batch again).
             self._writer_conn = None
