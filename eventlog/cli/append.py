@@ -20,6 +20,7 @@ import msgspec
 
 from eventlog import codec
 from eventlog.cli.output import json_line
+from eventlog.cli.stdout import StdoutError
 from eventlog.cli.targets import open_log, require_existing
 from eventlog.errors import InvalidEventError
 from eventlog.events import Event, event_types
@@ -48,6 +49,8 @@ def parse_line(number: int, text: bytes) -> AppendRequest:
         raise InvalidEventError(f"line {number}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise InvalidEventError(f"line {number}: invalid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidEventError(f"line {number}: JSON nested too deeply") from None
     if not line.stream:
         raise InvalidEventError(f"line {number}: stream must not be empty")
     try:
@@ -104,12 +107,40 @@ def _convert(number: int, cls: type[Event], data: dict[str, Any]) -> Event:
             )
         given = ([] if config.tag_field is None else [config.tag]) + values
     try:
-        return msgspec.convert(given, cls, strict=True, str_keys=True)
+        event = msgspec.convert(given, cls, strict=True, str_keys=True)
     except msgspec.ValidationError as exc:
         where = str(exc).replace("`$", "`data", 1)
         if " - at `" not in where:
             where += " - at `data`"
         raise InvalidEventError(f"line {number}: {cls.__name__}: {where}") from exc
+    dropped = _dropped_key(given, event, "data")
+    if dropped is not None:
+        raise InvalidEventError(
+            f"line {number}: {cls.__name__}: {dropped} is no field (it would be dropped)"
+        )
+    return event
+
+
+def _dropped_key(given: Any, built: Any, at: str) -> str | None:
+    """The first key of `given` (JSON) that `built` (what msgspec made of it) has no place
+    for: a nested struct ignores unknown keys, so a typo there was stored without it."""
+    if isinstance(built, msgspec.Struct) and isinstance(given, dict):
+        config = built.__struct_config__
+        names = dict(zip(built.__struct_encode_fields__, built.__struct_fields__, strict=True))
+        for key, value in given.items():
+            if key == config.tag_field:
+                continue
+            if key not in names:
+                return f"{at}.{key}"
+            found = _dropped_key(value, getattr(built, names[key]), f"{at}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(built, list | tuple) and isinstance(given, list) and len(built) == len(given):
+        for index, (value, inner) in enumerate(zip(given, built, strict=True)):
+            found = _dropped_key(value, inner, f"{at}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 class _Lines(click.File):
@@ -156,23 +187,32 @@ def append(target: str, source: Any, as_json: bool) -> None:
         return
     with open_log(target, write=True) as log:
         results = log.append_batch(requests)
-    for request, result in zip(requests, results, strict=True):
-        for item, seq, version, event_id in zip(
-            request.events, result.seqs, result.versions, result.event_ids, strict=True
-        ):
-            event = item.event if isinstance(item, Proposed) else item
-            type_name = str(type(event).__struct_config__.tag)
-            if as_json:
-                click.echo(
-                    json_line(
-                        {
-                            "seq": seq,
-                            "stream": result.stream,
-                            "version": version,
-                            "event_id": str(event_id),
-                            "type": type_name,
-                        }
+    try:
+        for request, result in zip(requests, results, strict=True):
+            for item, seq, version, event_id in zip(
+                request.events, result.seqs, result.versions, result.event_ids, strict=True
+            ):
+                event = item.event if isinstance(item, Proposed) else item
+                type_name = str(type(event).__struct_config__.tag)
+                if as_json:
+                    click.echo(
+                        json_line(
+                            {
+                                "seq": seq,
+                                "stream": result.stream,
+                                "version": version,
+                                "event_id": str(event_id),
+                                "type": type_name,
+                            }
+                        )
                     )
-                )
-            else:
-                click.echo(f"{seq}\t{result.stream}\tv{version}\t{type_name}\t{event_id}")
+                else:
+                    click.echo(f"{seq}\t{result.stream}\tv{version}\t{type_name}\t{event_id}")
+    except StdoutError as exc:  # after the commit: say so, or a script's retry appends twice
+        seqs = sorted(seq for result in results for seq in result.seqs)
+        span = f"seq {seqs[0]}" if len(seqs) == 1 else f"seq {seqs[0]}..{seqs[-1]}"
+        appended = "1 event was" if len(seqs) == 1 else f"{len(seqs)} events were"
+        raise StdoutError(
+            f"{appended} appended ({span}); {exc}",
+            hint="they are in the log: do not append them again",
+        ) from exc

@@ -4,7 +4,8 @@ Adding a subcommand is one line in SUBCOMMANDS ("name": "module:attribute"); mod
 first use, so `eventlog verify` never imports what `eventlog demo` needs.
 
 Every deliberate error (EventLogError) becomes one `error:` line on stderr, plus a `hint:` line
-when the error carries one, and the exit code below. Tracebacks only with `--debug`.
+when the error carries one, and the exit code below. Tracebacks only with `--debug`. Stdout
+closed, or failing to take a write (a full disk), is such an error too (eventlog.cli.stdout).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from eventlog.cli.exits import CliUsageError, ExitCode, exit_code_for
+from eventlog.cli.stdout import guarded_stdout
 from eventlog.errors import EventLogError
 
 SUBCOMMANDS: dict[str, str] = {
@@ -88,7 +90,8 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with guarded_stdout():  # closed or failing: a StdoutError, exit 2
+                return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except BrokenPipeError:

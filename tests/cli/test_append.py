@@ -164,6 +164,32 @@ GOOD = line("s", "CliNote", {"text": "fine"})
         ),
         (line("s", "CliNote", {"text": "a", "nn": 1}), "line 2: CliNote has no field 'nn'"),
         (line("s", "CliNoet", {"text": "a"}), "line 2: unknown event type 'CliNoet'"),
+        (  # a nested struct ignored the key: the line was stored without it
+            line(
+                "s",
+                "CliMeasured",
+                {
+                    "name": "a",
+                    "value": 1.0,
+                    "ok": True,
+                    "tags": [],
+                    "ref": {"name": "r", "weight": 1.0, "wieght": 2.0},
+                },
+            ),
+            "line 2: CliMeasured: data.ref.wieght is no field (it would be dropped)",
+        ),
+        (
+            line(
+                "s",
+                "CliDispatched",
+                {"group_id": "g", "attempts": [{"rollout_id": "r"}, {"rollout_id": "q", "x": 1}]},
+            ),
+            "line 2: CliDispatched: data.attempts[1].x is no field (it would be dropped)",
+        ),
+        (
+            '{"stream": "s", "type": "CliNote", "data": {"text": ' + "[" * 5000 + "]" * 5000 + "}}",
+            "line 2: JSON nested too deeply",
+        ),
         (line("", "CliNote", {"text": "a"}), "line 2: stream must not be empty"),
         (
             line("s", "CliNote", {"text": "a"}, expected_version="latest"),
