@@ -229,6 +229,22 @@ def test_retry_with_same_ids_and_content_returns_original_positions(log: EventLo
     assert log.head() == 3
 
 
+def test_a_retry_of_an_append_with_a_minted_id_says_why_it_cannot_be_retried(
+    log: EventLog,
+) -> None:
+    """Its minted id is new on every try, so the exact repeat is no retry: said as "a retry
+    must repeat the original append exactly", which it did."""
+    request = [Proposed(LogNote(text="a"), uuid.uuid4()), LogNote(text="b")]
+    log.append("m", request)
+    with pytest.raises(InvalidEventError) as caught:
+        log.append("m", request)
+    assert str(caught.value) == (
+        "stream 'm': 1 of 2 event ids are already stored, and 1 of its events have no chosen "
+        "id; an append is retried by its ids only when every event's id is chosen"
+    )
+    assert log.head() == 2
+
+
 def test_same_event_id_with_different_content_is_a_duplicate_error(log: EventLog) -> None:
     event_id = uuid.uuid4()
     log.append("d", [Proposed(LogNote(text="original"), event_id)])

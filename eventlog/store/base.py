@@ -628,6 +628,13 @@ class SqlStore:
         if not found:
             return None
         if len(found) != len(request.events):
+            minted = sum(event.chosen is None for event in request.events)
+            if minted:  # its minted ids are new on every try: it cannot be retried as is
+                raise InvalidEventError(
+                    f"stream {request.stream!r}: {len(found)} of {len(request.events)} event "
+                    f"ids are already stored, and {minted} of its events have no chosen id; "
+                    "an append is retried by its ids only when every event's id is chosen"
+                )
             raise InvalidEventError(
                 f"stream {request.stream!r}: {len(found)} of {len(request.events)} event ids are "
                 "already stored; a retry must repeat the original append exactly"
