@@ -22,7 +22,7 @@ from eventlog.recovery.vocabulary import (
     UnsealedAbandoned,
 )
 from tests.cli.audited_run import AuditedRun, work
-from tests.cli.helpers import cli, query, sql
+from tests.cli.helpers import cli, insert_raw, query, sql
 from tests.fixtures.ledger import Harness
 
 
@@ -239,3 +239,13 @@ def test_a_record_of_the_group_that_does_not_decode_fails_closed_naming_its_seq(
     result = cli("inspect", "group", run.path, "g1")
     assert result.exit_code == 3, result.stdout
     assert f"seq {seq}" in result.stderr and "GroupReserved" in result.stderr
+
+
+def test_inspect_step_counts_records_of_types_it_does_not_know(run: AuditedRun) -> None:
+    """They were left out of the count: a step of them only was "0 records", exit 0."""
+    run.h.log.close()
+    insert_raw(run.path, "other/x", "NewerThing", 1, {"x": 1})  # opens step 3 (after 1, 2)
+    view = inspect_json(run, "step", "3")
+    assert (view["records"], view["unread_records"], view["last_seq"]) == (1, 1, None)
+    shown = cli("inspect", "step", run.path, "3")
+    assert "1 records, 1 of types this eventlog does not know (not read)" in shown.stdout

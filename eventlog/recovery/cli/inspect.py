@@ -26,6 +26,7 @@ from eventlog.records import RecordedEvent
 from eventlog.recovery.cli.runlog import (
     RunLog,
     about_group,
+    decoded,
     decoded_all,
     incarnations,
     require_group,
@@ -292,6 +293,8 @@ class StepView(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: int | None
     records: int
     rolled_back_records: int
+    unread_records: int
+    """Records of a type this eventlog does not know, or of a newer schema: counted only."""
     groups_reserved: list[str]
     groups_finalized: list[str]
     groups_trained: list[str]
@@ -313,11 +316,15 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
     trained: list[str] = []
     work: Counter[str] = Counter()
     restores: list[dict[str, int]] = []
-    records = rolled = 0
-    for rec in decoded_all(log.read_records(low, run.head if high is None else high)):
-        ev, effective = rec.event, rec.seq not in run.skipped
+    records = rolled = unread = 0
+    for record in log.read_records(low, run.head if high is None else high):
         records += 1
-        rolled += not effective
+        rolled += record.seq in run.skipped
+        rec = decoded(record)
+        if rec is None:
+            unread += 1
+            continue
+        ev, effective = rec.event, rec.seq not in run.skipped
         if isinstance(ev, GroupReserved) and effective:
             reserved.append(ev.group_id)
         elif isinstance(ev, GroupFinalized) and effective:
@@ -351,6 +358,7 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
         last_seq=high,
         records=records,
         rolled_back_records=rolled,
+        unread_records=unread,
         groups_reserved=reserved,
         groups_finalized=finalized,
         groups_trained=trained,
@@ -382,6 +390,8 @@ def step_command(target: str, step: int, as_json: bool) -> None:
     until = "the head" if view.last_seq is None else f"seq {view.last_seq}"
     console.print(f"step {step} · seqs {view.first_seq} to {until}", style="bold")
     rolled = f", {view.rolled_back_records} rolled back" if view.rolled_back_records else ""
+    if view.unread_records:
+        rolled += f", {view.unread_records} of types this eventlog does not know (not read)"
     console.print(f"{view.records} records{rolled}")
     for label, groups in (
         ("trained", view.groups_trained),
