@@ -105,6 +105,23 @@ def signal_at_begin(patches: pytest.MonkeyPatch, began: threading.Event) -> None
         patches.setattr(dialect, "begin_write", beginning)
 
 
+def calls_recorded(patches: pytest.MonkeyPatch, method: str) -> list[object]:
+    """Every call of a dialect's `method` (either backend), by its argument, from now on; each
+    call goes on to the method itself."""
+    calls: list[object] = []
+
+    def recording(own: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+        def recorded(self: Any, argument: Any) -> None:
+            calls.append(argument)
+            own(self, argument)
+
+        return recorded
+
+    for dialect in (SqliteDialect, PostgresDialect):
+        patches.setattr(dialect, method, recording(getattr(dialect, method)))
+    return calls
+
+
 async def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
     """Poll `condition` on the loop (other tasks run meanwhile) until it holds."""
     deadline = time.monotonic() + deadline_s

@@ -8,7 +8,6 @@ import asyncio
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -24,9 +23,7 @@ from eventlog.errors import (
     StorageIntegrityError,
     StorageUnavailableError,
 )
-from eventlog.store.postgres import PostgresDialect
-from eventlog.store.sqlite import SqliteDialect
-from tests.reliability import write_lock_held
+from tests.reliability import calls_recorded, write_lock_held
 from tests.vocabulary import LogNote
 
 BUSY = 0.5
@@ -82,14 +79,7 @@ def test_a_held_write_lock_fails_every_caller_of_a_batch_once_not_one_by_one(
 ) -> None:
     """N concurrent callers hear back after about one busy timeout, never (N + 1) of them:
     counted as the transactions that waited for the lock (a busy machine oversleeps)."""
-    began: list[object] = []
-    for dialect in (SqliteDialect, PostgresDialect):
-
-        def counting(self: Any, cursor: Any, begin: Any = dialect.begin_write) -> None:
-            began.append(cursor)
-            begin(self, cursor)
-
-        monkeypatch.setattr(dialect, "begin_write", counting)
+    began = calls_recorded(monkeypatch, "begin_write")
 
     async def appends(log: EventLog) -> list[BaseException | object]:
         tasks = [log.append_async(f"s{i}", [LogNote(text="x", n=i)]) for i in range(CALLERS)]
@@ -208,14 +198,7 @@ def test_a_stream_taken_to_be_new_that_exists_costs_no_connection_and_says_nothi
     """Another writer made the stream: the insert's refusal is rolled back and planned
     again, an ordinary ConcurrencyError. It dropped the writer's connection (a new one per
     such race) and psycopg printed "error ignored terminating <Pipeline>" on stderr."""
-    opened: list[object] = []
-    for dialect in (SqliteDialect, PostgresDialect):
-
-        def counted(self: Any, dbapi: Any, set_up: Any = dialect.writer_connection) -> None:
-            opened.append(dbapi)
-            set_up(self, dbapi)
-
-        monkeypatch.setattr(dialect, "writer_connection", counted)
+    opened = calls_recorded(monkeypatch, "writer_connection")
     with EventLog.open(log_target) as mine, EventLog.open(log_target) as theirs:
         mine.append("mine", [LogNote(text="a")], NO_STREAM)
         theirs.append("s", [LogNote(text="b")], NO_STREAM)

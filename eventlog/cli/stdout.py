@@ -11,14 +11,11 @@ import contextlib
 import io
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import click
 
 from eventlog.cli.exits import CliUsageError
-
-if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
 
 
 class StdoutError(CliUsageError):
@@ -33,7 +30,7 @@ class _GuardedRaw(io.FileIO):
 
     dropping = False
 
-    def write(self, data: ReadableBuffer, /) -> int:
+    def write(self, data: Any, /) -> int:  # any buffer (typeshed's name is not importable)
         if self.dropping:
             return memoryview(data).nbytes
         try:
