@@ -31,6 +31,7 @@ from eventlog import (
     Proposed,
     codec,
 )
+from eventlog.events import Event
 from eventlog.log import open_store, resolve_url
 from eventlog.store import migrate
 from eventlog.store.base import EXPECT_ANY, PreparedEvent, PreparedRequest
@@ -234,7 +235,7 @@ def test_a_retry_of_an_append_with_a_minted_id_says_why_it_cannot_be_retried(
 ) -> None:
     """Its minted id is new on every try, so the exact repeat is no retry: said as "a retry
     must repeat the original append exactly", which it did."""
-    request = [Proposed(LogNote(text="a"), uuid.uuid4()), LogNote(text="b")]
+    request: list[Event | Proposed] = [Proposed(LogNote(text="a"), uuid.uuid4()), LogNote(text="b")]
     log.append("m", request)
     with pytest.raises(InvalidEventError) as caught:
         log.append("m", request)
