@@ -249,7 +249,8 @@ class SqlStore:
         """
         try:
             return self._write_once(submissions, assume)
-        except _TailMoved:
+        except _PlanAgain as exc:
+            log.debug("a batch assumed what was not so (%s); planning again", exc.__cause__)
             return self.write(submissions, assume=False)
         except DamagedRecordError as exc:
             # A damaged record (of one stream, most often) is not every submission's concern.
@@ -272,9 +273,6 @@ class SqlStore:
                     exc,
                 )
             else:
-                if self._assumed and isinstance(typed, StorageIntegrityError):
-                    log.debug("a stream taken to be new exists (%s); planning again", typed)
-                    return self.write(submissions, assume=False)
                 if len(submissions) == 1 or isinstance(typed, _WHOLE_BATCH_FAILURES):
                     raise typed from exc
                 log.warning("batch of %d failed (%s); retrying one by one", len(submissions), typed)
@@ -311,11 +309,13 @@ class SqlStore:
         self._assumed = False
         try:
             return self._write_in(dbapi, submissions, assume)
-        except _TailMoved:  # rolled back, nothing wrong with the connection
+        except _PlanAgain:  # rolled back, nothing wrong with the connection
             raise
         except BaseException as exc:
             if self._assumed and isinstance(translate(exc, self.target), StorageIntegrityError):
-                raise  # a stream taken to be new exists: rolled back, planned again (`write`)
+                # a row the batch's assumption put in is refused: a stream taken to be new
+                # exists, or the seq after our own tail is taken
+                raise _PlanAgain from exc
             # After a failed commit the connection's state is not worth trusting: drop it from
             # the pool too (a connection the server closed would fail the next batch again).
             self._writer_conn = None
@@ -1238,13 +1238,15 @@ def _require_own_tail(dbapi: Any, head: int, last_chain: bytes) -> None:
     try:
         cursor.execute(_TAIL_SQL)
         if _fetched_tail(cursor) != (head, last_chain):
-            raise _TailMoved
+            raise _PlanAgain
     finally:
         cursor.close()
 
 
-class _TailMoved(Exception):
-    """Another writer appended since the commit whose tail a batch assumed."""
+class _PlanAgain(Exception):
+    """What a batch assumed unread was not so (another writer appended since the commit
+    whose tail it took, or made a stream it took to be new): rolled back, it is planned
+    again with everything read, on the same connection."""
 
 
 def _fetched_tail(cursor: Any) -> tuple[int, bytes]:

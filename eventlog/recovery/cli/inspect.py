@@ -319,12 +319,13 @@ def view_step(log: EventLog, run: RunLog, step: int) -> StepView:
     records = rolled = unread = 0
     for record in log.read_records(low, run.head if high is None else high):
         records += 1
-        rolled += record.seq in run.skipped
+        effective = record.seq not in run.skipped
+        rolled += not effective
         rec = decoded(record)
         if rec is None:
             unread += 1
             continue
-        ev, effective = rec.event, rec.seq not in run.skipped
+        ev = rec.event
         if isinstance(ev, GroupReserved) and effective:
             reserved.append(ev.group_id)
         elif isinstance(ev, GroupFinalized) and effective:
