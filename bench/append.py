@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import impls
-from bench.common import Results, Sample, machine, scratch, summarize, verdict
+from bench.common import Results, Sample, machine, remove_database, scratch, summarize, verdict
 from bench.impls import Appender
 from bench.pg import PgServer, PgUnavailable, pg_server
 from bench.workload import Call, batch_plan, count_events, writers_plan
@@ -210,13 +210,7 @@ class SqliteStores:
         table = "stored_events" if impl == "eventsourcing" else "events"
         with contextlib.closing(sqlite3.connect(path)) as conn:
             self.stored = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-        _remove_database(path)
-
-
-def _remove_database(path: Path) -> None:
-    """An SQLite file and its WAL files."""
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
+        remove_database(path)
 
 
 class PostgresStores:
@@ -509,7 +503,7 @@ def id_index_cost(workdir: Path, calls: Sequence[Call], repeats: int) -> float:
                 appender.append(call)
             cpu[indexed] = (time.process_time() - started) / events * 1e6
             appender.close()
-            _remove_database(path)
+            remove_database(path)
         differences.append(cpu[True] - cpu[False])
     template.unlink()
     return round(sorted(differences)[len(differences) // 2], 3)

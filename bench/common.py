@@ -46,6 +46,12 @@ class Sample:
         return percentile(self.latencies_ns, q) / 1e6
 
 
+def remove_database(path: Path | str) -> None:
+    """An SQLite file and its WAL files."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
 def percentile(values: Sequence[int], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
     if not values:

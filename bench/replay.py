@@ -53,6 +53,7 @@ from bench.common import (
     column_table,
     machine,
     print_targets,
+    remove_database,
     scratch,
     verdict,
 )
@@ -310,8 +311,7 @@ def recovery_rows(
                     samples[("open", snapshot)].append(_run_child("open", copy))
                 samples[("restore", snapshot)].append(_run_child("restore", copy))
             finally:
-                for suffix in ("", "-wal", "-shm"):
-                    Path(f"{copy}{suffix}").unlink(missing_ok=True)
+                remove_database(copy)
     rows = []
     for what, snapshot in cells:
         got = samples[(what, snapshot)]
@@ -373,8 +373,7 @@ def other_version_rows(
             _as_other_projection_version(copy)
             got.append(_run_child("restore", copy))
         finally:
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{copy}{suffix}").unlink(missing_ok=True)
+            remove_database(copy)
     seconds = _spread([g["seconds"] for g in got])
     same = next(r for r in same_version if r["benchmark"] == "restore" and r["snapshot"])
     row = {
@@ -508,8 +507,7 @@ def size_rows(
             try:
                 got.append(_run_child("restore", copy))
             finally:
-                for suffix in ("", "-wal", "-shm"):
-                    Path(f"{copy}{suffix}").unlink(missing_ok=True)
+                remove_database(copy)
         seconds = _spread([g["seconds"] for g in got])
         row = {
             "benchmark": "restore",

@@ -125,8 +125,8 @@ class GroupCommitWriter:
             first = self._queue.get()
             if first is None:
                 return
-            with self._leader:  # paused once leading, not while a caller's commit lasts
-                collector.pause()  # (a caller leading a commit pauses it in `write`, and
+            with self._leader:  # paused once leading, not while a caller's commit lasts (a
+                collector.pause()  # caller leading others' queued events pauses in `write`;
                 started = time.thread_time()  # its CPU counts as its caller's)
                 try:
                     items, stop = self._drain([first])

@@ -266,11 +266,11 @@ def test_a_caller_of_a_few_events_leading_others_queued_events_pauses_it(
     from eventlog.writer import GroupCommitWriter
 
     monkeypatch.setattr(GroupCommitWriter, "_run", lambda self: None)  # no writer thread
-    enabled_in: dict[int, bool] = {}
+    enabled_in: list[bool] = []
     begin = SqliteDialect.begin_write
 
     def noting(self: Any, cursor: Any) -> None:
-        enabled_in[len(enabled_in)] = gc.isenabled()
+        enabled_in.append(gc.isenabled())
         begin(self, cursor)
 
     with EventLog.open(tmp_path / "run.db") as log:
@@ -284,7 +284,7 @@ def test_a_caller_of_a_few_events_leading_others_queued_events_pauses_it(
 
         asyncio.run(main())
         assert log.head() == 1 + len(MANY)
-    assert enabled_in == {0: False}  # one commit, the collector at rest
+    assert enabled_in == [False]  # one commit, the collector at rest
 
 
 def test_a_batch_of_several_requests_pauses_it(

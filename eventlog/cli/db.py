@@ -50,11 +50,11 @@ def _migrate(target: str, revision: str, direction: str) -> tuple[str | None, st
         before, after = migrate.move(
             store.engine, target=shown, revision=revision, up=direction == "upgrade"
         )
-    except CommandError as exc:
+    except CommandError as exc:  # alembic cannot read the revision table (two rows)
         raise LogRevisionError(f"{shown}: cannot {direction} to {revision!r}: {exc}") from exc
     finally:
         store.close()
-    return before, after or None
+    return before, after
 
 
 def _moved(target: str, verb: str, before: str | None, after: str | None) -> None:

@@ -92,7 +92,7 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(config, revision)
 
 
-def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str | None, str]:
+def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str | None, str | None]:
     """Migrate up or down to `revision` after refusing a foreign or newer database, all under
     the migration lock, so racing `db upgrade`s see one another's work; (before, after).
 
@@ -112,7 +112,7 @@ def move(engine: Engine, *, target: str, revision: str, up: bool) -> tuple[str |
         config.attributes["connection"] = conn
         (command.upgrade if up else command.downgrade)(config, wanted)
         after = MigrationContext.configure(conn).get_current_revision()
-    return before, after or ""
+    return before, after
 
 
 def _resolved(config: Config, target: str, current: str, revision: str, up: bool) -> str:

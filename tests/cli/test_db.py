@@ -284,7 +284,8 @@ def test_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None
 
 
 def test_a_migration_of_a_revision_table_of_two_rows_is_a_revision_error(log_file: str) -> None:
-    """alembic's own refusal (its CommandError) is ours, naming the log and the revision."""
+    """alembic's refusal of a revision table it cannot read (its CommandError, raised as
+    `move` reads the current revision) is ours, naming the log and the revision."""
     sql(log_file, "INSERT INTO alembic_version VALUES ('0001')")
     for argv, revision in (([], "head"), (["0002"], "0002")):
         direction = "downgrade" if argv else "upgrade"
