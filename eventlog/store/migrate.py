@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from eventlog.errors import LogRevisionError
 from eventlog.store.errors import translating
 from eventlog.store.postgres import migration_lock_sql
+from eventlog.store.tables import OWN_TABLES
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -197,11 +198,23 @@ def _refuse_foreign_or_newer(
     conn: Connection, engine: Engine, *, target: str, current: str | None
 ) -> None:
     if current is None:
-        if "events" in inspect(conn).get_table_names():
+        found = inspect(conn)
+        if "events" in found.get_table_names():
             raise LogRevisionError(
                 f"{target}: has an events table but no alembic revision; "
                 "it was not made by eventlog"
             )
+        if conn.dialect.name == "sqlite":
+            others = sorted({*found.get_table_names(), *found.get_view_names()} - OWN_TABLES)
+            if others:
+                shown = ", ".join(others[:5]) + (
+                    f" and {len(others) - 5} more" if others[5:] else ""
+                )
+                raise LogRevisionError(
+                    f"{target}: another program's database (it holds {shown}); "
+                    "eventlog adds its tables to no database but its own",
+                    hint="give the log a file of its own",
+                )
         return
     if current not in known_revisions(engine):
         raise LogRevisionError(

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, event
 
 from eventlog import forks
 from eventlog.errors import LogClosedError, StorageUnavailableError
+from eventlog.store.tables import OWN_TABLES
 
 Durability = Literal["full", "normal"]
 
@@ -118,7 +119,9 @@ class SqliteDialect:
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             cursor.execute(f"PRAGMA busy_timeout = {busy}")
-            if not read_only:  # an audit must not switch a file's journal mode
+            # Neither an audit nor a refused open of another program's database may switch
+            # a file's journal mode (a persistent change of the file).
+            if not read_only and not _holds_others_tables(cursor):
                 _switch_to_wal(cursor, busy)
             cursor.execute(f"PRAGMA synchronous = {synchronous}")
             cursor.close()
@@ -240,6 +243,20 @@ def _refuse_without_shm(path: Path) -> None:
             hint="audit a copy in a folder you can write (`cp` the log, and its -wal if there "
             "is one), or audit as a user who may write that folder",
         )
+
+
+_OTHERS_TABLE_SQL = (
+    "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%'"
+    " ESCAPE '\\' AND name NOT IN ({}) LIMIT 1".format(
+        ", ".join(f"'{t}'" for t in sorted(OWN_TABLES))
+    )
+)
+
+
+def _holds_others_tables(cursor: sqlite3.Cursor) -> bool:
+    """Whether the file is another program's database (`migrate` refuses to make a log
+    there)."""
+    return cursor.execute(_OTHERS_TABLE_SQL).fetchone() is not None
 
 
 def _switch_to_wal(cursor: sqlite3.Cursor, busy_ms: int) -> None:

@@ -61,3 +61,8 @@ RECORD_COLUMNS = (
     events.c.payload,
     events.c.chain,
 )
+
+OWN_TABLES = frozenset({"alembic_version", *metadata.tables})
+"""Every table a log holds. A SQLite file holding any other table or view is another
+program's database: eventlog neither adds its tables to it nor switches its journal mode.
+(A PostgreSQL database is often shared: a run's tables live beside others' there.)"""

@@ -77,6 +77,15 @@ def test_db_upgrade_refuses_a_database_eventlog_did_not_make(tmp_path: Path) -> 
     assert query(path, "SELECT name FROM sqlite_master WHERE name = 'alembic_version'") == []
 
 
+def test_db_upgrade_adds_no_table_to_another_programs_database(tmp_path: Path) -> None:
+    path = str(tmp_path / "app.db")
+    sql(path, "CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    refused = cli("db", "upgrade", path)
+    assert refused.exit_code == 3
+    assert "another program's database (it holds users)" in refused.stderr
+    assert query(path, "SELECT name FROM sqlite_master") == [("users",)]
+
+
 def test_db_downgrade_moves_the_revision_down(log_file: str) -> None:
     result = cli("db", "downgrade", log_file, "0001")
     assert result.exit_code == 0

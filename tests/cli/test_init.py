@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.helpers import append_notes, cli, count, query
+from eventlog.errors import LogRevisionError
+from eventlog.log import EventLog
+from tests.cli.helpers import append_notes, cli, count, query, sql
 
 
 def test_init_prints_the_log_id_and_a_second_init_keeps_it(tmp_path: Path) -> None:
@@ -28,6 +30,26 @@ def test_init_refuses_a_folder_that_does_not_exist(tmp_path: Path) -> None:
     result = cli("init", str(tmp_path / "nope" / "run.db"))
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and "does not exist" in result.stderr
+
+
+def test_init_adds_no_table_to_another_programs_database(tmp_path: Path) -> None:
+    """`eventlog init app.db` on an application's SQLite file added eventlog's four tables
+    and two triggers to it, exit 0: a typo for run.db changed someone else's database."""
+    path = str(tmp_path / "app.db")
+    sql(path, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    sql(path, "CREATE VIEW named AS SELECT name FROM users")
+    before = Path(path).read_bytes()
+    refused = cli("init", path)
+    assert refused.exit_code == 3
+    assert refused.stderr.splitlines() == [
+        f"error: {path}: another program's database (it holds named, users); "
+        "eventlog adds its tables to no database but its own",
+        "hint: give the log a file of its own",
+    ]
+    assert Path(path).read_bytes() == before
+    with pytest.raises(LogRevisionError, match="another program's database"):
+        EventLog.open(path)
+    assert query(path, "SELECT name FROM sqlite_master ORDER BY name") == [("named",), ("users",)]
 
 
 @pytest.mark.parametrize("name", ["y%20y.db", "q?.db", "h#x.db", "a%b.db"])
