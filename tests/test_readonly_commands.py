@@ -7,7 +7,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from eventlog.cli.main import main
 from eventlog.errors import StorageUnavailableError
 from eventlog.log import resolve_url
 from eventlog.store import migrate
-from tests.cli.helpers import EVENTLOG, REPO
+from tests.cli.helpers import EVENTLOG, REPO, as_nobody
 from tests.vocabulary import LogNote
 
 READ_COMMANDS = [
@@ -146,24 +145,11 @@ def _log_url(url: str) -> None:
     engine.dispose()
 
 
-def _as_nobody() -> list[str] | None:
-    """The command prefix that runs a process as user nobody, or None where it cannot be
-    done here: as root, setpriv drops to nobody; as another user, a folder it cannot write
-    is a chmod away and no prefix is needed."""
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        return None
-    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    probe = subprocess.run([*prefix, sys.executable, "-c", "import eventlog"], cwd=REPO)
-    return prefix if probe.returncode == 0 else None
-
-
 def test_a_closed_wal_log_in_a_folder_the_reader_cannot_write_is_named_with_the_cause() -> None:
     """SQLite must create the -shm index to read a WAL log: with none beside a closed log and
     no right to write its folder, every read command failed with "the log is read-only here
     (attempt to write a readonly database)", naming no cause. It says which file it needs."""
-    prefix = _as_nobody()
+    prefix = as_nobody()
     if prefix is None:
         pytest.skip("no way to run a process without write access to a folder here")
     folder = Path(tempfile.mkdtemp(prefix="eventlog-ro-"))  # not under a private tmp_path

@@ -38,10 +38,11 @@ def backup(ctx: click.Context, target: str, dest: str) -> None:
         raise CliUsageError("DEST is empty: name the new file to write the backup to")
     copy_to = Path(dest)
     refuse_writing_onto_log(target, copy_to)  # its -journal: every command then failed
-    if copy_to.exists():
-        raise CliUsageError(f"{dest}: already exists; a backup never overwrites a file")
-    if not copy_to.parent.is_dir():
-        raise CliUsageError(f"{dest}: folder {copy_to.parent} does not exist")
+    with writing_output(copy_to):  # a folder this user may not search: exit 70
+        if copy_to.exists():
+            raise CliUsageError(f"{dest}: already exists; a backup never overwrites a file")
+        if not copy_to.parent.is_dir():
+            raise CliUsageError(f"{dest}: folder {copy_to.parent} does not exist")
     with open_log(target) as log, _staged(copy_to) as staged:
         # Taken before the copy: records are only appended, so the copy holds this anchor.
         seq, chain = log.tail_chain()

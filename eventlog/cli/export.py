@@ -694,8 +694,9 @@ def export(target: str, fmt: str, output: Path, jobs: int | None) -> None:
                 hint="pip install 'eventlog[audit]', or use --format jsonl or csv",
             ) from None
     refuse_writing_onto_log(target, output)  # a folder named run.db-journal: SQLite then
-    if output.exists() and not output.is_dir():  # failed every command on the log
-        raise CliUsageError(f"{output}: exists and is not a folder")
+    with writing_output(output):  # (a folder this user may not search: exit 70)
+        if output.exists() and not output.is_dir():  # failed every command on the log
+            raise CliUsageError(f"{output}: exists and is not a folder")
     form = FORMATS[fmt]()
     suffix = form.suffix
     mark_column = marker.column if marker is not None else None

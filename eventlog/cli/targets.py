@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import click
 
 from eventlog.cli.exits import CliUsageError
+from eventlog.errors import StorageUnavailableError
 from eventlog.log import DEFAULT_BUSY_TIMEOUT, EventLog, open_store, resolve_url
 from eventlog.store import migrate, runs
 
@@ -50,19 +52,39 @@ def require_existing(target: str) -> None:
     path = sqlite_file(target)
     if path is None:
         return
-    if not path.exists():
+    found = _stat(target, path)
+    if found is None:
         raise CliUsageError(
             f"{target}: no such file", hint=f"create a log with `eventlog init {target}`"
         )
-    _require_regular(target, path)
+    _require_regular(target, found)
 
 
-def _require_regular(target: str, path: Path) -> None:
+def _stat(target: str, path: Path) -> os.stat_result | None:
+    """The file's status, None where there is no such file; a folder on its way this user
+    may not search is named (Path.exists raised PermissionError there: exit 70)."""
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError as exc:
+        raise StorageUnavailableError(
+            f"{target}: this user may not reach the log ({exc.strerror}: a folder on its way "
+            "may not be searched)",
+            hint="run as a user who may read it and its folder, or audit a copy",
+        ) from None
+    except OSError as exc:  # a name too long, a loop of links
+        raise CliUsageError(f"{target}: {exc.strerror or exc}") from None
+
+
+def _require_regular(target: str, found: os.stat_result | None) -> None:
     """A folder or a special file (a FIFO, a device) is no log: SQLite says only "disk I/O
     error" of a folder, and its read-only open of a FIFO waited for a writer for good."""
-    if path.is_dir():
+    if found is None:
+        return
+    if stat.S_ISDIR(found.st_mode):
         raise CliUsageError(f"{target}: is a folder, not a log file")
-    if path.exists() and not path.is_file():
+    if not stat.S_ISREG(found.st_mode):
         raise CliUsageError(f"{target}: not a regular file, so not a log file")
 
 
@@ -73,9 +95,10 @@ def require_parent(target: str) -> None:
     if path is None:
         return
     parent = path.resolve().parent
-    if not parent.is_dir():
+    folder = _stat(target, parent)
+    if folder is None or not stat.S_ISDIR(folder.st_mode):
         raise CliUsageError(f"{target}: folder {parent} does not exist")
-    _require_regular(target, path)
+    _require_regular(target, _stat(target, path))
 
 
 class OutputPath(click.Path):
@@ -102,9 +125,18 @@ def log_file_at(target: str, path: Path) -> str | None:
     out = path.expanduser().resolve()
     for suffix in SIDE_FILES:
         beside = log.with_name(log.name + suffix)
-        if out == beside or (out.exists() and beside.exists() and os.path.samefile(out, beside)):
+        if out == beside or _same_file(out, beside):
             return beside.name
     return None
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether two names are one file; False where either cannot be looked at (this user may
+    not search its folder: writing there fails on its own, named)."""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def refuse_writing_onto_log(target: str, output: Path) -> None:

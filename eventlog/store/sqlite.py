@@ -76,6 +76,7 @@ class SqliteDialect:
         self._engines: list[Engine] = []
 
     def _create_engine(self, pool_size: int, max_overflow: int) -> Engine:
+        _refuse_unopenable(self.path, self.read_only)
         if not self.read_only:
             return sa.create_engine(self.url, pool_size=pool_size, max_overflow=max_overflow)
         uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
@@ -221,6 +222,27 @@ def _on_read_only_medium(path: Path) -> bool:
         return read_only and not (wal.exists() and wal.stat().st_size > 0)
     except OSError:
         return False
+
+
+def _refuse_unopenable(path: Path, read_only: bool) -> None:
+    """SQLite answers "unable to open database file" whatever stops it: a log this user may
+    not read, or a new one in a folder it may not write, is named with its cause."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # not blocking: a FIFO hung
+    except PermissionError as exc:
+        raise StorageUnavailableError(
+            f"{path}: this user may not read the log ({exc.strerror})",
+            hint="run as a user who may read it and its folder, or audit a copy",
+        ) from None
+    except FileNotFoundError:
+        folder = path.parent
+        if not read_only and folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise StorageUnavailableError(
+                f"{path}: this user may not create the log in {folder} (permission denied)",
+                hint="choose a folder this user may write",
+            ) from None
+    except OSError:  # anything else: the driver's own error names it
+        return
 
 
 def _refuse_without_shm(path: Path) -> None:

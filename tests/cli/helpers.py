@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -171,3 +172,16 @@ def collector_states_at_fold(monkeypatch: Any) -> list[bool]:
 
     monkeypatch.setattr(runlog, "fold_rows", spy)
     return seen
+
+
+def as_nobody() -> list[str] | None:
+    """The command prefix that runs a process as user nobody, or None where it cannot be
+    done here: as root, setpriv drops to nobody; as another user, a folder it cannot write
+    is a chmod away and no prefix is needed."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = subprocess.run([*prefix, sys.executable, "-c", "import eventlog"], cwd=REPO)
+    return prefix if probe.returncode == 0 else None
