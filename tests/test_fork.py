@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,37 @@ def test_a_forked_child_appends_to_the_postgresql_log_on_connections_of_its_own(
     appending.join()
     assert (child, parent) == (99, [99])
     assert log.head() == 201 and log.verify().ok
+    log.close()
+
+
+@pytest.mark.postgres
+def test_a_forked_child_listens_for_appends_on_a_connection_of_its_own(
+    fresh_postgres_url: str,
+) -> None:
+    """Parent and child wait for the next append at once, the parent on the LISTEN
+    connection it had at the fork: both wake at the append. On one shared socket one of
+    them read the NOTIFY and the other waited out its timeout (or hung on psycopg's lock)."""
+    log = EventLog.open(fresh_postgres_url)
+    log.append("s", [LogNote(text="first")], NO_STREAM)
+    head = log.head()
+    log.wait_for_append(head, 0.01)  # the parent's listener, made before the fork
+    timeout = 20.0
+
+    def waited() -> float:
+        started = time.monotonic()
+        log.wait_for_append(head, timeout)
+        return time.monotonic() - started
+
+    parent: list[float] = []
+    waiting = threading.Thread(target=lambda: parent.append(waited()))
+    waiting.start()
+    appending = threading.Timer(2.0, lambda: log.append("s", [LogNote(text="next")], 0))
+    appending.start()
+    child = in_child(waited)
+    appending.join()
+    waiting.join()
+    assert isinstance(child, float), child
+    assert child < timeout / 2 and parent[0] < timeout / 2, (child, parent)
     log.close()
 
 

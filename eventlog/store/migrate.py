@@ -19,7 +19,7 @@ from sqlalchemy import exc as sa_exc
 from eventlog.errors import LogRevisionError
 from eventlog.store.errors import translating
 from eventlog.store.postgres import migration_lock_sql
-from eventlog.store.tables import OWN_TABLES
+from eventlog.store.tables import LOG_TABLES
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -205,7 +205,7 @@ def _refuse_foreign_or_newer(
                 "it was not made by eventlog"
             )
         if conn.dialect.name == "sqlite":
-            others = sorted({*found.get_table_names(), *found.get_view_names()} - OWN_TABLES)
+            others = sorted({*found.get_table_names(), *found.get_view_names()} - set(LOG_TABLES))
             if others:
                 shown = ", ".join(others[:5]) + (
                     f" and {len(others) - 5} more" if others[5:] else ""

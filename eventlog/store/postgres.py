@@ -22,6 +22,7 @@ from sqlalchemy import Engine, event
 from eventlog import forks
 from eventlog.errors import StorageUnavailableError
 from eventlog.store import runs
+from eventlog.store.tables import LOG_TABLES
 
 Durability = Literal["full", "normal"]
 
@@ -209,7 +210,6 @@ class PostgresDialect:
         forks.abandon_pools(self._engines)
 
 
-LOG_TABLES = ("events", "log_meta", "snapshots", "alembic_version")
 WRITER_PRIVILEGES = {
     "events": "SELECT, INSERT",
     "log_meta": "SELECT",

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, event
 
 from eventlog import forks
 from eventlog.errors import LogClosedError, StorageUnavailableError
-from eventlog.store.tables import OWN_TABLES
+from eventlog.store.tables import LOG_TABLES
 
 Durability = Literal["full", "normal"]
 
@@ -270,7 +270,7 @@ def _refuse_without_shm(path: Path) -> None:
 _OTHERS_TABLE_SQL = (
     "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%'"
     " ESCAPE '\\' AND name NOT IN ({}) LIMIT 1".format(
-        ", ".join(f"'{t}'" for t in sorted(OWN_TABLES))
+        ", ".join(f"'{t}'" for t in sorted(LOG_TABLES))
     )
 )
 

@@ -62,7 +62,7 @@ RECORD_COLUMNS = (
     events.c.chain,
 )
 
-OWN_TABLES = frozenset({"alembic_version", *metadata.tables})
+LOG_TABLES = (*metadata.tables, "alembic_version")
 """Every table a log holds. A SQLite file holding any other table or view is another
 program's database: eventlog neither adds its tables to it nor switches its journal mode.
 (A PostgreSQL database is often shared: a run's tables live beside others' there.)"""
