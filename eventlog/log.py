@@ -63,11 +63,20 @@ def _pauses_collector(requests: Sequence[AppendRequest]) -> bool:
     return events.__class__ not in (list, tuple) or len(events) > FEW_EVENTS
 
 
+def expanded_path(text: str) -> Path:
+    """A path with `~` or `~user` expanded; a user this host does not know is named (its
+    RuntimeError was no typed error)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise InputError(f"{text}: cannot expand {text.split('/')[0]}: no such user") from None
+
+
 def resolve_url(target: str | Path) -> sa.URL:
     """A SQLAlchemy URL for a file path or a URL; PostgreSQL always goes through psycopg 3."""
     text = str(target)
     if "://" not in text:  # a path, not a URL: `%20`, `?` and `#` are part of its name
-        return sa.URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
+        return sa.URL.create("sqlite", database=str(expanded_path(text).resolve()))
     try:
         url = sa.make_url(text)
         url.port  # noqa: B018  (a port that is not a number raises here, not at connect)
@@ -75,6 +84,8 @@ def resolve_url(target: str | Path) -> sa.URL:
         raise InputError(f"{_without_password(text)}: not a log location ({exc})") from None
     if url.drivername.startswith("sqlite") and not url.database:
         raise InputError(f"{text}: an SQLite URL needs a file (sqlite:///path/to/run.db)")
+    if url.drivername.startswith("sqlite") and "\x00" in url.database:
+        raise InputError(f"{_without_password(text)}: a file name cannot hold a NUL character")
     backend, _, driver = url.drivername.partition("+")
     if backend == "postgres":  # SQLAlchemy's other name for it
         backend = "postgresql"

@@ -71,7 +71,9 @@ def guarded_stdout() -> Iterator[None]:
     guarded = io.TextIOWrapper(
         io.BufferedWriter(raw) if isinstance(out.buffer, io.BufferedWriter) else raw,
         encoding=out.encoding,
-        errors=out.errors,
+        # A character stdout's encoding lacks (PYTHONIOENCODING=ascii, a stream named in
+        # another script) is escaped, as Python's stderr does: strict was exit 70.
+        errors="backslashreplace" if out.errors == "strict" else out.errors,
         newline="\n",  # as Python's own stdout: no translation
         line_buffering=out.line_buffering,
         write_through=out.write_through,

@@ -13,7 +13,7 @@ import click
 
 from eventlog.cli.exits import CliUsageError
 from eventlog.errors import StorageUnavailableError
-from eventlog.log import DEFAULT_BUSY_TIMEOUT, EventLog, open_store, resolve_url
+from eventlog.log import DEFAULT_BUSY_TIMEOUT, EventLog, expanded_path, open_store, resolve_url
 from eventlog.store import migrate, runs
 
 
@@ -42,7 +42,7 @@ def sqlite_file(target: str) -> Path | None:
     if not target:
         raise CliUsageError("TARGET is empty: give a log file or a database URL")
     if "://" not in target:
-        return Path(target).expanduser()
+        return expanded_path(target)
     url = resolve_url(target)
     return Path(url.database) if url.drivername.startswith("sqlite") and url.database else None
 
@@ -121,8 +121,8 @@ def log_file_at(target: str, path: Path) -> str | None:
     file = sqlite_file(target)
     if file is None:
         return None
-    log = file.expanduser().resolve()
-    out = path.expanduser().resolve()
+    log = file.resolve()  # (sqlite_file expanded it)
+    out = expanded_path(str(path)).resolve()
     for suffix in SIDE_FILES:
         beside = log.with_name(log.name + suffix)
         if out == beside or _same_file(out, beside):

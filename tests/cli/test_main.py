@@ -221,6 +221,10 @@ def test_postgresql_urls_of_either_name_go_through_psycopg(url: str) -> None:
         (["replay", "{dir}/fifo"], "not a regular file"),
         (["init", "{dir}/fifo"], "not a regular file"),
         (["append", "{dir}/fifo"], "not a regular file"),
+        (["info", "~no-such-user-here/run.db"], "cannot expand ~no-such-user-here: no such user"),
+        (["init", "~no-such-user-here/run.db"], "cannot expand ~no-such-user-here: no such user"),
+        (["info", "sqlite:///%00"], "a file name cannot hold a NUL character"),
+        (["export", "{dir}/fifo", "-o", "~no-such-user-here/x"], "cannot expand"),
     ],
 )
 def test_a_target_file_that_cannot_be_a_log_is_named_as_such(
@@ -228,7 +232,8 @@ def test_a_target_file_that_cannot_be_a_log_is_named_as_such(
 ) -> None:
     """An SQLite URL is checked as its path is (it was exit 6, "unable to open database
     file" or "disk I/O error"), a folder is not a new log, an empty TARGET is named; a FIFO
-    is no log (reading one waited for a writer for good)."""
+    is no log (reading one waited for a writer for good); `~user` of no user and a NUL in a
+    name were exit 70."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     result = cli(*[a.format(dir=tmp_path) for a in argv], input="")

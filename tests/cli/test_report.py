@@ -275,6 +275,18 @@ def test_a_report_path_that_cannot_be_written_is_one_line_naming_it(
     )
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_backend_matplotlib_refuses_in_the_environment_draws_the_page_all_the_same(
+    run: AuditedRun, tmp_path: Path, jobs: str
+) -> None:
+    """The page is drawn to SVG through no backend: MPLBACKEND=nonsense failed matplotlib's
+    import, exit 70 (in the command's process, or in every painter)."""
+    page = tmp_path / "run.html"
+    done = run_installed("report", run.path, "-o", str(page), "--jobs", jobs, MPLBACKEND="nonsense")
+    assert done.returncode == 0, done.stderr
+    assert page.read_text().count('<figure class="plot"') == 4
+
+
 def test_an_empty_report_path_is_refused(run: AuditedRun) -> None:
     """Path('') is the current folder: `-o ''` (an unset variable in a script) failed only
     when writing, naming '.'."""

@@ -21,10 +21,14 @@ needs_dev_full = pytest.mark.skipif(not Path(FULL).exists(), reason="no /dev/ful
 
 
 def run(
-    *args: str, stdout: Any, input: str | None = None, unbuffered: bool = False
+    *args: str,
+    stdout: Any,
+    input: str | None = None,
+    unbuffered: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`eventlog ARGS` with stdout as given: a file, a pipe, or None with fd 1 closed."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | (env or {})
     env["PYTHONPATH"] = str(REPO)
     if unbuffered:  # stdout's byte layer is then the FileIO itself, without a buffer
         env["PYTHONUNBUFFERED"] = "1"
@@ -125,6 +129,22 @@ def test_append_to_a_full_stdout_says_its_events_were_appended(
     assert_one_error(
         one, "1 event was appended (seq 3); stdout: cannot write: No space left on device"
     )
+
+
+def test_a_character_stdout_cannot_encode_is_escaped_not_exit_70(log_file: str) -> None:
+    """PYTHONIOENCODING=ascii and a stream named in another script: the plain views (replay,
+    tail) raised UnicodeEncodeError, exit 70."""
+    appended = run(
+        "append",
+        log_file,
+        stdout=subprocess.PIPE,
+        input=lines(line("notes/ünï", "CliNote", {"text": "çø"})),
+    )
+    assert appended.returncode == 0, appended.stderr
+    for command in ("replay", "tail"):
+        shown = run(command, log_file, stdout=subprocess.PIPE, env={"PYTHONIOENCODING": "ascii"})
+        assert shown.returncode == 0, shown.stderr
+        assert "notes/\\xfcn\\xef" in shown.stdout and "text=\\xe7\\xf8" in shown.stdout, command
 
 
 def test_a_reader_that_goes_away_still_ends_quietly_with_exit_0(audit_log: str) -> None:

@@ -13,10 +13,12 @@ import contextlib
 import html
 import importlib.util
 import io
+import os
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
 import click
@@ -195,13 +197,23 @@ def _gantt(pic: RunPicture) -> dict[type, Watch]:
 # -- drawing ----------------------------------------------------------------------------------
 
 
+def _matplotlib() -> ModuleType:
+    """matplotlib, imported whatever MPLBACKEND says: the page is drawn to SVG by the figure
+    itself, through no backend, and an MPLBACKEND matplotlib refuses failed its import
+    (exit 70)."""
+    os.environ.pop("MPLBACKEND", None)
+    import matplotlib
+
+    return matplotlib
+
+
 def _painting() -> None:
     """Set matplotlib up as every plot is drawn: text stays text (smaller, searchable), and
     the SVG's ids and metadata depend on the plot alone, so the same log gives the same
     page, byte for byte. Text is drawn as it is: `$` starts no formula (a group id
     `cost_$5_to_$10` was a parse error, exit 70), and a character the font lacks is no
     warning on stderr (which printed the group id raw)."""
-    import matplotlib
+    matplotlib = _matplotlib()
 
     matplotlib.rcParams["svg.fonttype"] = "none"
     matplotlib.rcParams["svg.hashsalt"] = "eventlog report"
@@ -496,6 +508,7 @@ def _draw_task(state: None, job: tuple[str, RunPicture]) -> str:
 
 def _painter_setup() -> None:
     """A painter imports matplotlib's figure while the command's process reads the log."""
+    _matplotlib()
     import matplotlib.figure  # noqa: F401
 
 
