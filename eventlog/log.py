@@ -334,6 +334,12 @@ class EventLog:
         """`stream_version` of many streams at once (one query per 500 streams, not one each)."""
         return self._store.stream_versions(streams)
 
+    def seq_of(self, event_id: UUID) -> int | None:
+        """Where the record with this event id is, None if the log holds none: whether an
+        append whose answer was lost (an interrupt, a connection lost at commit) landed. A
+        batch is whole or absent, so one of its ids answers for all of them."""
+        return self._store.seq_of(event_id.bytes)
+
     def versions_between(self, from_seq: int, until_seq: int) -> dict[str, int]:
         """The newest version, as of `until_seq`, of every stream with a record in
         from_seq..until_seq (inclusive): what a reader of that range would have seen last,

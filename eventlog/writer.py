@@ -101,7 +101,7 @@ class GroupCommitWriter:
             outcome = self._store.write([submission])[0]
             self.batches += 1
         except BaseException as exc:
-            if not isinstance(exc, EventLogError):
+            if _unexpected(exc):
                 log.exception("append batch failed")
             raise
         if isinstance(outcome, BaseException):
@@ -161,10 +161,10 @@ class GroupCommitWriter:
             outcomes = list(self._store.write([submission for submission, _ in items]))
             self.batches += 1
         except BaseException as exc:  # the whole transaction failed: everyone learns why
-            if isinstance(exc, EventLogError):  # typed (a storage error): the callers report it
-                log.debug("append batch of %d failed: %s", len(items), exc)
-            else:
+            if _unexpected(exc):
                 log.exception("append batch failed")
+            else:  # typed (a storage error), or a stop (Ctrl-C): the callers report it
+                log.debug("append batch of %d failed: %s", len(items), repr(exc))
             outcomes = [exc] * len(items)
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Results], object]]]
         by_loop = defaultdict(list)
@@ -191,6 +191,13 @@ class GroupCommitWriter:
         self._thread.join()
         with self._leader:  # a caller leading its own commit finishes before the store closes
             pass
+
+
+def _unexpected(exc: BaseException) -> bool:
+    """An error no caller reports with its cause: logged with its traceback. A typed error
+    and a stop (Ctrl-C, SIGTERM: a KeyboardInterrupt) are not: the traceback of an
+    interrupted commit was printed beside the command's one line."""
+    return isinstance(exc, Exception) and not isinstance(exc, EventLogError)
 
 
 def _settle(settled: list[tuple[asyncio.Future[Results], object]]) -> None:

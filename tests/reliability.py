@@ -122,6 +122,14 @@ def calls_recorded(patches: pytest.MonkeyPatch, method: str) -> list[object]:
     return calls
 
 
+def wait_until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    """Poll `condition` from a thread until it holds."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "the awaited condition never held"
+        time.sleep(0.005)
+
+
 async def until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
     """Poll `condition` on the loop (other tasks run meanwhile) until it holds."""
     deadline = time.monotonic() + deadline_s

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,10 +34,10 @@ from eventlog import (
 from eventlog.events import Event
 from eventlog.log import open_store, resolve_url
 from eventlog.store import migrate
-from eventlog.store.base import EXPECT_ANY, PreparedEvent, PreparedRequest
+from eventlog.store.base import EXPECT_ANY, PreparedEvent, PreparedRequest, SqlStore
 from eventlog.store.postgres import LOCK_KEY
 from eventlog.writer import GroupCommitWriter
-from tests.reliability import drop_append_only, signal_at_begin, until
+from tests.reliability import drop_append_only, signal_at_begin, until, wait_until
 from tests.vocabulary import LogNote
 
 
@@ -257,6 +257,32 @@ def test_same_event_id_with_different_content_is_a_duplicate_error(log: EventLog
     assert log.head() == 1
 
 
+def test_seq_of_says_where_an_event_id_is_stored_and_none_where_it_is_not(log: EventLog) -> None:
+    """What a caller whose append lost its answer (an interrupt, a connection lost at
+    commit) asks: did it land? One id answers for its whole batch."""
+    chosen = uuid.uuid4()
+    log.append("a", notes("before"))
+    assert log.seq_of(chosen) is None
+    log.append("b", [Proposed(LogNote(text="x"), chosen), LogNote(text="y")])
+    assert log.seq_of(chosen) == 2
+    assert log.seq_of(uuid.uuid4()) is None
+
+
+def test_a_commit_stopped_by_ctrl_c_logs_no_traceback(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only an error no caller reports is logged with its traceback: a KeyboardInterrupt in
+    the commit printed one beside the CLI's "interrupted"."""
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SqlStore, "write", stopped)
+    with caplog.at_level(logging.DEBUG, logger="eventlog.writer"), pytest.raises(KeyboardInterrupt):
+        log.append("s", notes("a"))
+    assert [r.levelname for r in caplog.records if r.exc_info] == []
+
+
 # -- group commit ------------------------------------------------------------------------
 
 
@@ -276,13 +302,6 @@ def queued(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     for name in ("submit", "submit_async"):
         monkeypatch.setattr(GroupCommitWriter, name, counted(getattr(GroupCommitWriter, name)))
     return found
-
-
-def wait_until(condition: Callable[[], bool], deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, "the awaited condition never held"
-        time.sleep(0.005)
 
 
 def test_concurrent_appenders_share_commits_and_a_bad_one_fails_alone(

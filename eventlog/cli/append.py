@@ -19,13 +19,22 @@ import click
 import msgspec
 
 from eventlog import codec
+from eventlog.cli.interrupts import Interrupted
 from eventlog.cli.output import json_line
 from eventlog.cli.stdout import StdoutError
 from eventlog.cli.targets import open_log, require_existing
-from eventlog.errors import InvalidEventError
+from eventlog.errors import EventLogError, InvalidEventError
 from eventlog.events import Event, event_types
-from eventlog.log import check_stream
-from eventlog.records import ANY, NO_STREAM, AppendRequest, ExpectedVersion, Proposed
+from eventlog.ids import new_event_id
+from eventlog.log import EventLog, check_stream
+from eventlog.records import (
+    ANY,
+    NO_STREAM,
+    AppendRequest,
+    AppendResult,
+    ExpectedVersion,
+    Proposed,
+)
 
 
 class AppendLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -185,8 +194,12 @@ def append(target: str, source: Any, as_json: bool) -> None:
             pass
         click.echo("nothing to append", err=True)
         return
+    requests[0] = _with_first_id(requests[0])
     with open_log(target, write=True) as log:
-        results = log.append_batch(requests)
+        try:
+            results = log.append_batch(requests)
+        except KeyboardInterrupt as exc:  # at any point, the commit included: did it land?
+            raise _stopped(exc, log, requests) from None
     try:
         for request, result in zip(requests, results, strict=True):
             for item, seq, version, event_id in zip(
@@ -209,10 +222,42 @@ def append(target: str, source: Any, as_json: bool) -> None:
                 else:
                     click.echo(f"{seq}\t{result.stream}\tv{version}\t{type_name}\t{event_id}")
     except StdoutError as exc:  # after the commit: say so, or a script's retry appends twice
-        seqs = sorted(seq for result in results for seq in result.seqs)
-        span = f"seq {seqs[0]}" if len(seqs) == 1 else f"seq {seqs[0]}..{seqs[-1]}"
-        appended = "1 event was" if len(seqs) == 1 else f"{len(seqs)} events were"
-        raise StdoutError(
-            f"{appended} appended ({span}); {exc}",
-            hint="they are in the log: do not append them again",
-        ) from exc
+        raise StdoutError(f"{_appended(results)}; {exc}", hint=_IN_THE_LOG) from exc
+    except KeyboardInterrupt as exc:
+        stopped = f"{_appended(results)}, then stopped while printing them"
+        raise Interrupted.of(exc, stopped, hint=_IN_THE_LOG) from None
+
+
+_IN_THE_LOG = "they are in the log: do not append them again"
+
+
+def _appended(results: list[AppendResult]) -> str:
+    seqs = sorted(seq for result in results for seq in result.seqs)
+    span = f"seq {seqs[0]}" if len(seqs) == 1 else f"seq {seqs[0]}..{seqs[-1]}"
+    return f"{'1 event was' if len(seqs) == 1 else f'{len(seqs)} events were'} appended ({span})"
+
+
+def _with_first_id(request: AppendRequest) -> AppendRequest:
+    """The request with an event id chosen here for its first event, if it has none: a batch
+    lands whole or not at all, so that one id tells a stopped append's outcome."""
+    first = request.events[0]
+    if isinstance(first, Proposed):
+        return request
+    chosen = Proposed(first, new_event_id())
+    return AppendRequest(request.stream, [chosen, *request.events[1:]], request.expected_version)
+
+
+def _stopped(stop: KeyboardInterrupt, log: EventLog, requests: list[AppendRequest]) -> Interrupted:
+    """The stop, saying whether the batch was committed before it (Ctrl-C during COMMIT
+    ended with the events in the log and a bare "interrupted": a retry appended them twice)."""
+    first = requests[0].events[0]
+    assert isinstance(first, Proposed)  # _with_first_id
+    try:
+        seq = log.seq_of(first.event_id)
+    except EventLogError:
+        return Interrupted.of(stop, "whether the events were appended is unknown")
+    if seq is None:
+        return Interrupted.of(stop, "nothing was appended")
+    count = sum(len(request.events) for request in requests)
+    appended = "1 event was" if count == 1 else f"{count} events were"
+    return Interrupted.of(stop, f"{appended} appended, from seq {seq}", hint=_IN_THE_LOG)

@@ -1,5 +1,6 @@
-"""The `eventlog` console script's entry: Ctrl-C while the program is still loading ends it
-as Ctrl-C does later (one line, exit 130), not with a traceback of the import it stopped."""
+"""The `eventlog` console script's entry: Ctrl-C or SIGTERM while the program is still
+loading ends it as later (one line, exit 130 or 143), not with a traceback of the import it
+stopped."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ import sys
 
 def main() -> None:
     try:
-        from eventlog.cli.main import main as command
+        from eventlog.cli.interrupts import Interrupted, stop_on_signals
+
+        stop_on_signals()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)  # ExitCode.INTERRUPTED; importing exits.py is what may be interrupted
+    try:
+        from eventlog.cli.main import main as command
+    except KeyboardInterrupt as exc:
+        stopped = Interrupted.of(exc)
+        sys.stderr.write(stopped.line() + "\n")
+        sys.exit(stopped.exit_code)
     command()

@@ -30,6 +30,8 @@ class ExitCode(enum.IntEnum):
     DATABASE = 6
     INTERNAL = 70
     INTERRUPTED = 130
+    TERMINATED = 143
+    """128 + the signal's number (eventlog.cli.interrupts)."""
 
 
 class CliUsageError(InputError):

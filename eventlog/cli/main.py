@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from eventlog.cli.exits import CliUsageError, ExitCode, exit_code_for
+from eventlog.cli.interrupts import Interrupted
 from eventlog.cli.stdout import guarded_stdout
 from eventlog.errors import EventLogError
 
@@ -98,9 +99,12 @@ class LazyGroup(click.Group):
             # The reader went away (`eventlog replay ... | head`): not a failure of ours.
             _silence_stdout()
             ctx.exit(ExitCode.OK)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(ExitCode.INTERRUPTED)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (eventlog.cli.interrupts)
+            stopped = exc if isinstance(exc, Interrupted) else Interrupted.of(exc)
+            click.echo(stopped.line(), err=True)
+            if stopped.hint:
+                click.echo(f"hint: {stopped.hint}", err=True)
+            ctx.exit(stopped.exit_code)
         except Exception as exc:
             _fail(ctx, exc)
 
@@ -177,7 +181,7 @@ def main(debug: bool, events_modules: tuple[str, ...], run: str | None) -> None:
     Exit codes: 0 ok, 1 integrity problem found, 2 usage or bad input, 3 log revision or
     schema problem, 4 concurrency or duplicate event, 5 other eventlog error (domain rule,
     reconciliation, data plane), 6 database unreachable or failing, 70 internal error,
-    130 interrupted.
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING,

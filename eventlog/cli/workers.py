@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 import click
 
 from eventlog import codec
+from eventlog.cli.interrupts import stops_deferred
 from eventlog.cli.numbers import number
 from eventlog.errors import EventLogError, rebuilt
 from eventlog.events import event_type
@@ -180,7 +181,7 @@ def _start(
     # Ctrl-C reaches the whole process group: the command's process stops the pool, so a
     # worker would only print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held since its start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held since its start (SIGTERM kills)
     threading.Thread(
         target=_exit_with_parent, args=(orphaned,), name="eventlog-worker-parent", daemon=True
     ).start()
@@ -242,13 +243,18 @@ def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
         return Carried(exc)
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+"""The signals that stop a command (eventlog.cli.interrupts)."""
+
+
 @contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """SIGINT blocked in this thread meanwhile; delivered to the process's other threads,
-    the command still stops at once."""
+def _stops_held() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread meanwhile (a worker being spawned that lost
+    its parent mid-hand-over printed a traceback of its own); delivered to the process's
+    other threads, or once unblocked, the command still stops."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # read only
-    try:  # a Ctrl-C already pending is raised by the call that blocks: restore it then too
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:  # a stop already pending is raised by the call that blocks: restore it then too
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
@@ -320,10 +326,11 @@ class Workers(Generic[T]):
 
     def _submit(self, *call: Any) -> concurrent.futures.Future[Any]:
         """Submitting starts a worker when one is missing: that may fail too. A worker
-        starts with Ctrl-C held (it inherits this thread's signal mask) until its
-        initializer ignores it: one that came while it imported was a traceback of its own."""
+        starts with Ctrl-C and SIGTERM held (it inherits this thread's signal mask) until its
+        initializer ignores the one and unblocks both: one that came while it imported was a
+        traceback of its own."""
         try:
-            with _ctrl_c_held():
+            with _stops_held(), stops_deferred():
                 return self._pool.submit(*call)
         except (concurrent.futures.process.BrokenProcessPool, OSError) as exc:
             raise _pool_failed(exc) from exc

@@ -947,6 +947,14 @@ class SqlStore:
                 return
             upper = page[-1][2]
 
+    def seq_of(self, event_id: bytes) -> int | None:
+        """The seq of the record with this event id (the smallest, in a tampered log that
+        holds it twice); None when the log holds none."""
+        query = sa.select(sa.func.min(events.c.seq)).where(events.c.event_id == event_id)
+        with self._reading() as conn:
+            found = conn.execute(query).scalar()
+        return None if found is None else int(found)
+
     def duplicate_event_ids(self) -> list[tuple[bytes, int]]:
         """(event id, smallest seq) for ids stored more than once (only a tampered log has any)."""
         query = (

@@ -7,6 +7,7 @@ import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -318,3 +319,43 @@ def test_a_refused_stream_name_is_named_in_a_line_not_echoed_whole(log_file: str
     (said,) = result.stderr.splitlines()
     assert said.startswith("error: line 1: stream must be") and len(said) < 300
     assert "(100,002 characters)" in said
+
+
+@pytest.mark.parametrize(
+    ("when", "said", "stored"),
+    [
+        ("before", "interrupted: nothing was appended", 0),
+        ("after", "interrupted: 2 events were appended, from seq 1", 2),
+        ("printing", "interrupted: 2 events were appended (seq 1..2), then stopped while", 2),
+    ],
+)
+def test_an_append_stopped_by_ctrl_c_says_whether_its_events_were_appended(
+    log_file: str, monkeypatch: pytest.MonkeyPatch, when: str, said: str, stored: int
+) -> None:
+    """Ctrl-C during the COMMIT, or while the seqs were printed, ended with a bare
+    "interrupted" and every event in the log: a script retrying on 130 appended them twice.
+    The batch is whole or absent, so the first event's id (chosen here) tells which."""
+    real = EventLog.append_batch
+
+    def stopped(self: EventLog, requests: Any) -> Any:
+        if when == "before":
+            raise KeyboardInterrupt
+        results = real(self, requests)
+        if when == "after":
+            raise KeyboardInterrupt
+        return results
+
+    monkeypatch.setattr(EventLog, "append_batch", stopped)
+    if when == "printing":
+        monkeypatch.setattr("eventlog.cli.append.json_line", _raise_keyboard_interrupt)
+    text = lines(line("s", "CliNote", {"text": "a"}), line("s", "CliNote", {"text": "b"}))
+    result = cli("append", log_file, "--json", input=text)
+    assert result.exit_code == 130
+    assert result.stderr.splitlines()[0].startswith(said), result.stderr
+    hinted = "hint: they are in the log: do not append them again" in result.stderr
+    assert hinted == (stored > 0)
+    assert count(log_file) == stored
+
+
+def _raise_keyboard_interrupt(*args: Any, **kwargs: Any) -> None:
+    raise KeyboardInterrupt

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from eventlog import AppendRequest, EventLog
 from eventlog.cli.exits import exit_code_for
 from eventlog.cli.main import SUBCOMMANDS
 from eventlog.errors import (
@@ -23,7 +26,18 @@ from eventlog.errors import (
     UnknownEventTypeError,
 )
 from eventlog.recovery.errors import ConfigError, LedgerRuleError
-from tests.cli.helpers import HEAD_REVISION, REPO, cli, json_lines, line, lines, run_installed
+from tests.cli.helpers import (
+    EVENTLOG,
+    HEAD_REVISION,
+    REPO,
+    cli,
+    json_lines,
+    line,
+    lines,
+    run_installed,
+)
+from tests.cli_vocabulary import CliNote
+from tests.reliability import wait_until
 
 
 @pytest.mark.parametrize("command", ["replay", "verify", "info", "stats", "tail", "append"])
@@ -302,3 +316,35 @@ def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(
     (site / "sitecustomize.py").write_text(INTERRUPT_AT_IMPORT.format(module=module))
     done = run_installed("verify", log_file, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
     assert (done.returncode, done.stderr) == (130, "interrupted\n")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigterm_stops_a_command_as_ctrl_c_does_cleaning_up_and_saying_so(
+    tmp_path: Path, jobs: str
+) -> None:
+    """SIGTERM (`timeout`, systemd, Kubernetes) ended the process at once: exit 143 with the
+    export's folder and partial tables left behind. It now stops it as Ctrl-C does: the
+    clean-up runs, one line says so, exit 143."""
+    path = tmp_path / "run.db"
+    with EventLog.open(path) as log:
+        for block in range(150):
+            log.append_batch(
+                [AppendRequest(f"s{block}", [CliNote(text="x" * 50, n=n) for n in range(1000)])]
+            )
+    out = tmp_path / "export"
+    command = [str(EVENTLOG), "--events-module", "tests.cli_vocabulary", "export", str(path)]
+    process = subprocess.Popen(
+        [*command, "--format", "jsonl", "-o", str(out), "--jobs", jobs],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        wait_until(lambda: out.is_dir() and any(out.iterdir()))
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert (process.returncode, stderr) == (143, "terminated\n")
+    assert not out.exists()
