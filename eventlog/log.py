@@ -84,7 +84,7 @@ def resolve_url(target: str | Path) -> sa.URL:
         raise InputError(f"{_without_password(text)}: not a log location ({exc})") from None
     if url.drivername.startswith("sqlite") and not url.database:
         raise InputError(f"{text}: an SQLite URL needs a file (sqlite:///path/to/run.db)")
-    if url.drivername.startswith("sqlite") and "\x00" in url.database:
+    if url.drivername.startswith("sqlite") and "\x00" in (url.database or ""):
         raise InputError(f"{_without_password(text)}: a file name cannot hold a NUL character")
     backend, _, driver = url.drivername.partition("+")
     if backend == "postgres":  # SQLAlchemy's other name for it
