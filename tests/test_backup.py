@@ -117,6 +117,23 @@ def test_a_backup_of_a_tampered_log_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
+def test_a_pg_dump_this_user_may_not_run_is_passed_over(
+    fresh_postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EVENTLOG_PG_BINDIR holding a pg_dump that is not executable was exit 70
+    (PermissionError from subprocess): it is passed over as a missing one is."""
+    with EventLog.open(fresh_postgres_url) as log:
+        log.append("s", [LogNote(text="n")])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "pg_dump").write_text("not a program\n")
+    monkeypatch.setenv("EVENTLOG_PG_BINDIR", str(fake))
+    result = cli("backup", fresh_postgres_url, str(tmp_path / "log.dump"))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "log.dump").stat().st_size > 0
+
+
+@pytest.mark.postgres
 def test_the_postgresql_pg_dump_recipe_restores_a_log_that_verifies(
     postgres_server: PostgresServer, fresh_postgres_url: str, tmp_path: Path
 ) -> None:

@@ -99,6 +99,7 @@ def require_parent(target: str) -> None:
     if folder is None or not stat.S_ISDIR(folder.st_mode):
         raise CliUsageError(f"{target}: folder {parent} does not exist")
     _require_regular(target, _stat(target, path))
+    refuse_side_file_name(path)
 
 
 class OutputPath(click.Path):
@@ -142,13 +143,43 @@ def _same_file(one: Path, other: Path) -> bool:
 def refuse_writing_onto_log(target: str, output: Path) -> None:
     """Refuse an output file that is TARGET's own (`log_file_at`): a read command never
     writes to the log it reads (a report written over `run.db-wal` lost every record
-    committed there)."""
+    committed there); nor one named as another database's (`refuse_side_file_name`)."""
     own = log_file_at(target, output)
     if own is not None:
         raise CliUsageError(
             f"{output}: that is the log's own file {own}; a read command never writes to the "
             "log it reads"
         )
+    refuse_side_file_name(output)
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def refuse_side_file_name(path: Path) -> None:
+    """Refuse a file named as one SQLite keeps beside a database that is there (`run.db-wal`
+    beside `run.db`): SQLite takes it for that database's own, and deleted a log made there
+    or read a backup written there as a hot journal."""
+    for suffix in SIDE_FILES[1:]:
+        if not path.name.endswith(suffix) or path.name == suffix:
+            continue
+        base = path.with_name(path.name.removesuffix(suffix))
+        try:  # not blocking: a FIFO of that name
+            fd = os.open(base, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            header = os.read(fd, len(_SQLITE_HEADER))
+        except OSError:
+            header = b""
+        finally:
+            os.close(fd)
+        if header == _SQLITE_HEADER:
+            raise CliUsageError(
+                f"{path}: named as SQLite's {suffix} file of the database {base}, which SQLite "
+                "would take it for",
+                hint="choose another name",
+            )
 
 
 @contextmanager

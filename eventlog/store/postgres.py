@@ -278,8 +278,8 @@ def _find_client(name: str) -> str:
     if on_path:
         candidates.append(on_path)
     candidates += sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
-    for candidate in candidates:
-        if Path(candidate).is_file():
+    for candidate in candidates:  # one this user may not run is passed over (exit 70 was)
+        if Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     raise StorageUnavailableError(
         f"{name} not found (looked in EVENTLOG_PG_BINDIR, PATH, /usr/lib/postgresql/*/bin)",

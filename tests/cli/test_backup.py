@@ -102,3 +102,16 @@ def test_a_backup_of_an_empty_log_suggests_no_anchor_verify_refuses(
         done.stdout == f"{dest}: 0 records (an empty log: no anchor to check a restore against)\n"
     )
     assert cli("verify", str(dest)).exit_code == 0
+
+
+def test_a_backup_named_as_another_databases_journal_is_refused(tmp_path: Path) -> None:
+    """`backup a.db other/run.db-journal` beside the log other/run.db made that log
+    read-only to every command (SQLite read the copy as a hot journal)."""
+    source, other = str(tmp_path / "a.db"), str(tmp_path / "run.db")
+    for path in (source, other):
+        assert cli("init", path).exit_code == 0
+    refused = cli("backup", source, other + "-journal")
+    assert refused.exit_code == 2
+    assert "named as SQLite's -journal file of the database" in refused.stderr
+    assert not Path(other + "-journal").exists()
+    assert cli("info", other).exit_code == 0

@@ -65,3 +65,20 @@ def test_a_log_path_is_that_file_whatever_url_syntax_its_name_holds(
     shown = cli("replay", path, "--json")
     assert shown.exit_code == 0 and len(shown.stdout.splitlines()) == 2, shown.stderr
     assert count(path) == 2
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-journal", "-shm"])
+def test_init_refuses_a_name_sqlite_takes_for_another_databases_own_file(
+    tmp_path: Path, suffix: str
+) -> None:
+    """`init run.db-wal` beside the log run.db made a log there, and SQLite deleted it as
+    run.db's WAL the next time run.db was opened."""
+    beside = str(tmp_path / "run.db")
+    assert cli("init", beside).exit_code == 0
+    refused = cli("init", beside + suffix)
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines()[0] == (
+        f"error: {beside}{suffix}: named as SQLite's {suffix} file of the database {beside}, "
+        "which SQLite would take it for"
+    )
+    assert not Path(beside + suffix).exists() or suffix == "-shm"

@@ -86,6 +86,25 @@ def test_without_a_ray_cluster_to_join_it_says_so_and_appends_nothing(unknown_ru
     assert unknown_run.read_bytes() == before
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "127.0.0.1:99999", "nohost.invalid:6379"])
+def test_a_ray_address_where_nothing_answers_is_one_line_not_a_wait_for_good(
+    unknown_run: Path, address: str
+) -> None:
+    before = unknown_run.read_bytes()
+    done = subprocess.run(
+        [str(EVENTLOG), "resolve-finalization", str(unknown_run), "g1", "--ray-address", address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.startswith(
+        f"error: cannot join the Ray cluster at {address!r}: nothing answers there ("
+    )
+    assert "Traceback" not in done.stderr
+    assert unknown_run.read_bytes() == before
+
+
 @pytest.mark.slow
 @pytest.mark.tq
 def test_resolving_by_the_canonical_rows_in_the_real_transferqueue(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 
 import click
 
@@ -43,11 +44,34 @@ def join_data_plane(ray_address: str | None) -> DataPlane:
                 "no Ray cluster to join: pass --ray-address or set RAY_ADDRESS",
                 hint="the canonical rows live in the run's TransferQueue",
             )
+        why = _unreachable(address)
+        if why is not None:
+            raise DataPlaneError(
+                f"cannot join the Ray cluster at {address!r}: nothing answers there ({why})",
+                hint="pass the address of the run's Ray head (`ray status` there prints it)",
+            )
         try:
             ray.init(address=address, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise DataPlaneError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
     return join_transferqueue()
+
+
+def _unreachable(address: str) -> str | None:
+    """Why nothing answers at a Ray address HOST:PORT (or ray://HOST:PORT); None where
+    something does, or for another form ("auto"). ray.init waited for good on an address
+    where nothing listened."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_S):
+            return None
+    except (OSError, OverflowError) as exc:  # refused, no such host, a port beyond 65535
+        return str(getattr(exc, "strerror", None) or exc)
+
+
+_PROBE_S = 5.0
 
 
 def resolve_group(log_target: str, group_id: str, owner: str | None, data_plane: DataPlane) -> str:
