@@ -48,13 +48,16 @@ def backup(ctx: click.Context, target: str, dest: str) -> None:
         seq, chain = log.tail_chain()
         log.backup(staged)
         archive = log.backend != "sqlite"  # (an sqlite:/// URL is a file like a path)
+        # Checked before it takes DEST's name: a copy stopped while being verified (Ctrl-C)
+        # left a DEST never checked, which a second try then refused to overwrite.
+        if not archive:
+            with open_log(str(staged)) as copy:
+                report = copy.verify()
+                held = next(iter(copy.read_records(seq, seq)), None) if seq else None
     anchor = f"{seq}:{chain.hex()}"
     if archive:
         click.echo(f"{dest}: pg_dump archive of {shown_target(target)}; anchor {anchor}")
         return
-    with open_log(dest) as copy:
-        report = copy.verify()
-        held = next(iter(copy.read_records(seq, seq)), None) if seq else None
     if not report.ok or (seq and (held is None or held.chain != chain)):
         click.echo(
             f"{dest}: copied, but the copy fails verify (first bad seq {report.first_bad_seq})",

@@ -115,3 +115,25 @@ def test_a_backup_named_as_another_databases_journal_is_refused(tmp_path: Path) 
     assert "named as SQLite's -journal file of the database" in refused.stderr
     assert not Path(other + "-journal").exists()
     assert cli("info", other).exit_code == 0
+
+
+def test_a_backup_stopped_while_it_is_verified_leaves_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the copy was verified left a complete DEST never checked, and the next
+    try said "already exists": the copy is checked before it takes DEST's name."""
+    source, dest = str(tmp_path / "run.db"), tmp_path / "copy.db"
+    assert cli("init", source).exit_code == 0
+    append_notes(source, 3)
+
+    def stopped(self: EventLog) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EventLog, "verify", stopped)
+    result = cli("backup", source, str(dest))
+    assert (result.exit_code, result.stderr) == (130, "interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("copy", ".event"))) == []
+    monkeypatch.undo()
+    again = cli("backup", source, str(dest))
+    assert again.exit_code == 0, again.output
+    assert "3 records" in again.stdout
