@@ -234,7 +234,11 @@ _IN_THE_LOG = "they are in the log: do not append them again"
 def _appended(results: list[AppendResult]) -> str:
     seqs = sorted(seq for result in results for seq in result.seqs)
     span = f"seq {seqs[0]}" if len(seqs) == 1 else f"seq {seqs[0]}..{seqs[-1]}"
-    return f"{'1 event was' if len(seqs) == 1 else f'{len(seqs)} events were'} appended ({span})"
+    return f"{_were(len(seqs))} appended ({span})"
+
+
+def _were(count: int) -> str:
+    return "1 event was" if count == 1 else f"{count} events were"
 
 
 def _with_first_id(request: AppendRequest) -> AppendRequest:
@@ -259,5 +263,4 @@ def _stopped(stop: KeyboardInterrupt, log: EventLog, requests: list[AppendReques
     if seq is None:
         return Interrupted.of(stop, "nothing was appended")
     count = sum(len(request.events) for request in requests)
-    appended = "1 event was" if count == 1 else f"{count} events were"
-    return Interrupted.of(stop, f"{appended} appended, from seq {seq}", hint=_IN_THE_LOG)
+    return Interrupted.of(stop, f"{_were(count)} appended, from seq {seq}", hint=_IN_THE_LOG)

@@ -87,7 +87,16 @@ class LazyGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:
             _require_text(arg)
-        return super().parse_args(ctx, args)
+        try:  # the group's own --help and --version print here, before `invoke`
+            with guarded_stdout():
+                return super().parse_args(ctx, args)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(ExitCode.OK)
+        except Exception as exc:  # a StdoutError: exit 1 and a traceback before
+            _fail(ctx, exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

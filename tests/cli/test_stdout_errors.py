@@ -215,3 +215,14 @@ def test_what_was_printed_before_a_command_stays_before_its_output(tmp_path: Pat
             [sys.executable, "-c", snippet], stdout=out, cwd=REPO, env=env, timeout=120, check=True
         )
     assert path.read_text() == "before during"
+
+
+@needs_dev_full
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_the_group_s_own_help_and_version_check_their_stdout_too(option: str) -> None:
+    """They print while the arguments are parsed, before any command: to a full stdout that
+    was exit 1 and a traceback, to a closed one exit 0 with nothing printed."""
+    assert_one_error(full(option), "stdout: cannot write: No space left on device")
+    assert_one_error(run(option, stdout=None), CLOSED)
+    shown = run(option, stdout=subprocess.PIPE)
+    assert shown.returncode == 0 and shown.stdout.strip(), shown.stderr
