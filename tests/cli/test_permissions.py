@@ -2,7 +2,8 @@
 
 SQLite said only "unable to open database file" of a log the user may not read, and
 Path.exists() raised PermissionError (exit 70) where a folder on the way may not be searched.
-Run as user nobody (as root) on files root owns.
+Run as user nobody (as root) on files root owns; as another user, on modes that deny their
+owner too.
 """
 
 from __future__ import annotations
@@ -34,10 +35,8 @@ def folder() -> Iterator[Path]:
     made.chmod(0o755)
     try:
         yield made
-    finally:
-        for path in (made, *made.rglob("*")):
-            if path.is_dir():
-                path.chmod(0o755)
+    finally:  # (chmod -R opens a folder to its owner before it descends into it)
+        subprocess.run(["chmod", "-R", "u+rwx", str(made)], check=True)
         shutil.rmtree(made)
 
 
@@ -64,7 +63,7 @@ def test_a_log_this_user_may_not_read_is_named_with_the_cause(
     log = folder / "run.db"
     _log(log)
     for path in folder.iterdir():
-        path.chmod(0o600)
+        path.chmod(0o000)  # (as root, the command runs as nobody; else as this user)
     for command in ("info", "replay", "verify"):
         result = _run(prefix, command, str(log))
         assert result.returncode == 6, result.stderr
@@ -79,7 +78,7 @@ def test_a_log_behind_a_folder_this_user_may_not_search_is_named(
     inner = folder / "private"
     inner.mkdir()
     _log(inner / "run.db")
-    inner.chmod(0o700)
+    inner.chmod(0o000)
     for args in (
         ("info", str(inner / "run.db")),
         ("append", str(inner / "run.db")),
@@ -94,6 +93,7 @@ def test_a_log_behind_a_folder_this_user_may_not_search_is_named(
 def test_a_new_log_in_a_folder_this_user_may_not_write_is_named(
     prefix: list[str], folder: Path
 ) -> None:
+    folder.chmod(0o555)
     result = _run(prefix, "init", str(folder / "new.db"))
     assert result.returncode == 6, result.stderr
     assert result.stderr.splitlines()[0] == (
@@ -112,7 +112,7 @@ def test_an_output_behind_a_folder_this_user_may_not_search_is_named(
         path.chmod(0o666)  # the reader needs the -shm
     closed = folder / "closed"
     closed.mkdir()
-    closed.chmod(0o700)
+    closed.chmod(0o000)
     for args, output in (
         (("export", str(log), "--format", "jsonl", "-o", str(closed / "ex")), closed / "ex"),
         (("backup", str(log), str(closed / "copy.db")), closed / "copy.db"),
