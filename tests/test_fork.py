@@ -139,11 +139,20 @@ def test_a_forked_child_listens_for_appends_on_a_connection_of_its_own(
     parent: list[float] = []
     waiting = threading.Thread(target=lambda: parent.append(waited()))
     waiting.start()
-    appending = threading.Timer(2.0, lambda: log.append("s", [LogNote(text="next")], 0))
+    done = threading.Event()
+
+    def appends() -> None:  # again each second: a waiter that began listening late wakes too
+        while not done.wait(2.0 if log.head() == head else 1.0):
+            log.append("s", [LogNote(text="next")])
+
+    appending = threading.Thread(target=appends)
     appending.start()
-    child = in_child(waited)
-    appending.join()
-    waiting.join()
+    try:
+        child = in_child(waited)
+        waiting.join()
+    finally:
+        done.set()
+        appending.join()
     assert isinstance(child, float), child
     assert child < timeout / 2 and parent[0] < timeout / 2, (child, parent)
     log.close()
