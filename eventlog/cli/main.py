@@ -10,6 +10,7 @@ closed, or failing to take a write (a full disk), is such an error too (eventlog
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -110,9 +111,9 @@ class LazyGroup(click.Group):
             ctx.exit(ExitCode.OK)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (eventlog.cli.interrupts)
             stopped = exc if isinstance(exc, Interrupted) else Interrupted.of(exc)
-            click.echo(stopped.line(), err=True)
+            _say(stopped.line())
             if stopped.hint:
-                click.echo(f"hint: {stopped.hint}", err=True)
+                _say(f"hint: {stopped.hint}")
             ctx.exit(stopped.exit_code)
         except Exception as exc:
             _fail(ctx, exc)
@@ -134,10 +135,17 @@ def _fail(ctx: click.Context, exc: Exception) -> NoReturn:
     else:
         message = str(exc)
         hint = getattr(exc, "hint", None)
-    click.echo(f"error: {_one_line(message)}", err=True)
+    _say(f"error: {_one_line(message)}")
     if hint:
-        click.echo(f"hint: {_one_line(hint)}", err=True)
+        _say(f"hint: {_one_line(hint)}")
     ctx.exit(code)
+
+
+def _say(line: str) -> None:
+    """A line on stderr; where stderr takes none (a full disk), the exit code still tells
+    (a failed write there escaped as exit 1, the code of an integrity problem)."""
+    with contextlib.suppress(OSError):
+        click.echo(line, err=True)
 
 
 def _silence_stdout() -> None:

@@ -226,3 +226,18 @@ def test_the_group_s_own_help_and_version_check_their_stdout_too(option: str) ->
     assert_one_error(run(option, stdout=None), CLOSED)
     shown = run(option, stdout=subprocess.PIPE)
     assert shown.returncode == 0 and shown.stdout.strip(), shown.stderr
+
+
+@needs_dev_full
+def test_an_error_stderr_cannot_take_still_ends_with_its_own_exit_code(tmp_path: Path) -> None:
+    """The error line failed to write and escaped as exit 1, an integrity problem's code."""
+    with open(FULL, "w") as err:
+        done = subprocess.run(
+            [str(EVENTLOG), "info", str(tmp_path / "missing.db")],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 2
