@@ -14,7 +14,7 @@ def main() -> None:
         stop_on_signals()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        sys.exit(130)  # ExitCode.INTERRUPTED; importing exits.py is what may be interrupted
+        sys.exit(130)  # Interrupted's code for Ctrl-C; importing it is what was interrupted
     try:
         from eventlog.cli.main import main as command
     except KeyboardInterrupt as exc:

@@ -29,9 +29,7 @@ class ExitCode(enum.IntEnum):
     OTHER = 5
     DATABASE = 6
     INTERNAL = 70
-    INTERRUPTED = 130
-    TERMINATED = 143
-    """128 + the signal's number (eventlog.cli.interrupts)."""
+    # A stop by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM; eventlog.cli.interrupts)
 
 
 class CliUsageError(InputError):

@@ -36,6 +36,9 @@ class Interrupted(KeyboardInterrupt):
         return f"{what}: {self.said}" if self.said else what
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a command."""
+
 _deferring = 0
 _pending: int | None = None
 
@@ -51,8 +54,8 @@ def _stop(signum: int, _frame: object) -> None:
 def stop_on_signals() -> None:
     """SIGINT and SIGTERM raise Interrupted (a KeyboardInterrupt) in the main thread, or
     once `stops_deferred` ends."""
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    for signum in STOPS:
+        signal.signal(signum, _stop)
 
 
 @contextlib.contextmanager

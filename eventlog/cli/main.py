@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import click
@@ -88,35 +89,37 @@ class LazyGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:
             _require_text(arg)
-        try:  # the group's own --help and --version print here, before `invoke`
-            with guarded_stdout():
-                return super().parse_args(ctx, args)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except BrokenPipeError:
-            _silence_stdout()
-            ctx.exit(ExitCode.OK)
-        except Exception as exc:  # a StdoutError: exit 1 and a traceback before
-            _fail(ctx, exc)
+        rest: list[str] = []
+        with _one_line_errors(ctx):  # the group's own --help and --version print here
+            rest = super().parse_args(ctx, args)
+        return rest
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            with guarded_stdout():  # closed or failing: a StdoutError, exit 2
-                return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except BrokenPipeError:
-            # The reader went away (`eventlog replay ... | head`): not a failure of ours.
-            _silence_stdout()
-            ctx.exit(ExitCode.OK)
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (eventlog.cli.interrupts)
-            stopped = exc if isinstance(exc, Interrupted) else Interrupted.of(exc)
-            _say(stopped.line())
-            if stopped.hint:
-                _say(f"hint: {stopped.hint}")
-            ctx.exit(stopped.exit_code)
-        except Exception as exc:
-            _fail(ctx, exc)
+        with _one_line_errors(ctx):
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line_errors(ctx: click.Context) -> Iterator[None]:
+    """Stdout guarded (closed or failing: a StdoutError, exit 2), and whatever ends the block
+    early said in one line with its exit code: an error, a stop, a reader gone away."""
+    try:
+        with guarded_stdout():
+            yield
+    except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+        raise
+    except BrokenPipeError:
+        # The reader went away (`eventlog replay ... | head`): not a failure of ours.
+        _silence_stdout()
+        ctx.exit(ExitCode.OK)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (eventlog.cli.interrupts)
+        stopped = exc if isinstance(exc, Interrupted) else Interrupted.of(exc)
+        _say(stopped.line())
+        if stopped.hint:
+            _say(f"hint: {stopped.hint}")
+        ctx.exit(stopped.exit_code)
+    except Exception as exc:
+        _fail(ctx, exc)
 
 
 def _fail(ctx: click.Context, exc: Exception) -> NoReturn:

@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import click
 
 from eventlog import codec
-from eventlog.cli.interrupts import stops_deferred
+from eventlog.cli.interrupts import STOPS, stops_deferred
 from eventlog.cli.numbers import number
 from eventlog.errors import EventLogError, rebuilt
 from eventlog.events import event_type
@@ -181,7 +181,7 @@ def _start(
     # Ctrl-C reaches the whole process group: the command's process stops the pool, so a
     # worker would only print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held since its start (SIGTERM kills)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # held since its start (SIGTERM kills)
     threading.Thread(
         target=_exit_with_parent, args=(orphaned,), name="eventlog-worker-parent", daemon=True
     ).start()
@@ -243,10 +243,6 @@ def _task(fn: Callable[[Any, Any], T], arg: Any) -> T | Carried:
         return Carried(exc)
 
 
-_STOPS = {signal.SIGINT, signal.SIGTERM}
-"""The signals that stop a command (eventlog.cli.interrupts)."""
-
-
 @contextlib.contextmanager
 def _stops_held() -> Iterator[None]:
     """SIGINT and SIGTERM blocked in this thread meanwhile (a worker being spawned that lost
@@ -254,7 +250,7 @@ def _stops_held() -> Iterator[None]:
     other threads, or once unblocked, the command still stops."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # read only
     try:  # a stop already pending is raised by the call that blocks: restore it then too
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)

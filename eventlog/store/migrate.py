@@ -199,13 +199,14 @@ def _refuse_foreign_or_newer(
 ) -> None:
     if current is None:
         found = inspect(conn)
-        if "events" in found.get_table_names():
+        tables = set(found.get_table_names())
+        if "events" in tables:
             raise LogRevisionError(
                 f"{target}: has an events table but no alembic revision; "
                 "it was not made by eventlog"
             )
         if conn.dialect.name == "sqlite":
-            others = sorted({*found.get_table_names(), *found.get_view_names()} - set(LOG_TABLES))
+            others = sorted({*tables, *found.get_view_names()} - set(LOG_TABLES))
             if others:
                 shown = ", ".join(others[:5]) + (
                     f" and {len(others) - 5} more" if others[5:] else ""

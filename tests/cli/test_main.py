@@ -238,6 +238,7 @@ def test_postgresql_urls_of_either_name_go_through_psycopg(url: str) -> None:
         (["info", "~no-such-user-here/run.db"], "cannot expand ~no-such-user-here: no such user"),
         (["init", "~no-such-user-here/run.db"], "cannot expand ~no-such-user-here: no such user"),
         (["info", "sqlite:///%00"], "a file name cannot hold a NUL character"),
+        (["info", "n" * 300 + "/run.db"], "File name too long"),
         (["export", "{dir}/fifo", "-o", "~no-such-user-here/x"], "cannot expand"),
     ],
 )
