@@ -221,3 +221,8 @@ def main(debug: bool, events_modules: tuple[str, ...], run: str | None) -> None:
                 f"--events-module {name}: importing it failed: {type(exc).__name__}: {exc}",
                 hint="rerun with --debug for the module's traceback",
             ) from exc
+        except SystemExit as exc:  # its exit code would pass for one of ours (3: a schema)
+            raise CliUsageError(
+                f"--events-module {name}: importing it called sys.exit({exc.code!r})",
+                hint="a module of event types should only define them",
+            ) from exc

@@ -268,10 +268,12 @@ def test_an_argument_that_is_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
 def test_an_events_module_that_fails_to_import_is_named(tmp_path: Path) -> None:
     broken = tmp_path / "broken_events.py"
     broken.write_text("raise RuntimeError('half written')\n")
+    (tmp_path / "exiting_events.py").write_text("import sys\nsys.exit(3)\n")  # 3: our schema code
     sys.path.insert(0, str(tmp_path))
     try:
         for name, said in [
             ("broken_events", "RuntimeError: half written"),
+            ("exiting_events", "importing it called sys.exit(3)"),
             (".relative", "importing it failed: TypeError"),
         ]:
             result = cli("--events-module", name, "info", str(tmp_path / "a.db"))
