@@ -134,24 +134,69 @@ class _SyncCountingProxy:
 
 
 @pytest.mark.postgres
-def test_a_postgresql_append_takes_two_round_trips(fresh_postgres_url: str) -> None:
-    """Lock, tail, versions and chosen ids go out in one pipeline; rows, NOTIFY and COMMIT in
-    one more (it was six: lock, tail, versions, insert, notify, commit)."""
+def test_a_postgresql_append_with_nothing_to_read_takes_one_round_trip(
+    fresh_postgres_url: str,
+) -> None:
+    """A writer alone on its log links to its own last commit without reading the tail, so
+    an append of minted ids to a stream it knows or takes to be new sends BEGIN, lock, rows,
+    NOTIFY (in the last row's statement) and COMMIT in one pipeline: one round trip (it was
+    two: the tail read's reply came first). Chosen ids are read first: two."""
     url = sa.make_url(fresh_postgres_url)
     assert url.host is not None and url.port is not None
     proxy = _SyncCountingProxy(url.host, url.port)
     try:
         with EventLog.open(url.set(port=proxy.port).render_as_string(False)) as log:
-            log.append("warm", [LogNote(text="x")])  # connects the writer
+            log.append("warm", [LogNote(text="x")], NO_STREAM)  # connects, reads the tail
+            log.append("warm", [LogNote(text="x")], 0)  # reads it again: its own from here on
             before = proxy.waits
-            for index in range(10):  # new streams: their versions are read too
+            for index in range(10):  # new streams, taken to be new
                 log.append(f"s{index}", [LogNote(text="x")], NO_STREAM)
-            for index in range(10):  # known streams, chosen ids: still two
+            for index in range(10):  # streams it knows
+                log.append(f"s{index}", [LogNote(text="x")], 0)
+            assert proxy.waits - before == 20
+            before = proxy.waits
+            for index in range(10):  # chosen ids: whether they are stored is read first
                 note = Proposed(LogNote(text="y"), uuid.uuid4())
-                log.append(f"s{index}", [note], 0)
-            assert proxy.waits - before == 2 * 20
+                log.append(f"s{index}", [note], 1)
+            assert proxy.waits - before == 2 * 10
+            assert log.verify().ok and log.head() == 32
     finally:
         proxy.close()
+
+
+def test_another_writer_behind_the_unread_tail_is_found_on_each_backend(
+    log_target: str,
+) -> None:
+    """Another writer (another host, on PostgreSQL) appended since this writer's last
+    commit: the insert of seq head + 1 is refused, the transaction rolled back and the batch
+    planned again with the tail and versions read. A stale cached version then fails with
+    the version the log holds, nothing of it stored; the next append lands after the other
+    writer's records on an unbroken chain, and NOTIFY still wakes a waiting reader."""
+    with EventLog.open(log_target) as log, EventLog.open(log_target) as other:
+        log.append("warm", [LogNote(text="x")], NO_STREAM)
+        log.append("a", [LogNote(text="x")], NO_STREAM)  # the tail is its own from here on
+        other.append("a", [LogNote(text="theirs")], 0)
+        other.append("b", [LogNote(text="theirs")], NO_STREAM)
+        with pytest.raises(ConcurrencyError) as refused:
+            log.append("a", [LogNote(text="mine")], 0)  # version 0 is what it last wrote
+        assert (refused.value.stream, refused.value.actual) == ("a", 1)
+        assert log.head() == 4
+        landed = log.append("b", [LogNote(text="mine")], 0)
+        assert (landed.seqs, landed.versions) == ([5], [1])
+        other.append("c", [LogNote(text="theirs")], NO_STREAM)
+        other.wait_for_append(other.head(), timeout=0.01)  # listening now (PostgreSQL)
+        landed_c, landed_d = log.append_batch(  # behind the tail again, two rows
+            [
+                AppendRequest("c", [LogNote(text="mine")], 0),
+                AppendRequest("d", [LogNote(text="mine")], NO_STREAM),
+            ]
+        )
+        assert (landed_c.seqs, landed_d.seqs) == ([7], [8])
+        started = time.monotonic()
+        other.wait_for_append(6, timeout=30.0)  # the replanned commit's NOTIFY wakes it
+        assert time.monotonic() - started < 15.0
+        assert [r.event.text for r in log.read_stream("c")] == ["theirs", "mine"]  # type: ignore[attr-defined]
+        assert log.verify().ok and log.head() == 8
 
 
 def test_append_results_are_not_tracked_by_the_garbage_collector(log: EventLog) -> None:

@@ -121,8 +121,6 @@ class Dialect(Protocol):
     """What differs between backends; everything else is shared SQL."""
 
     name: str
-    insert_sql: str
-    """INSERT of one record row in the driver's paramstyle, for executemany."""
 
     def write_engine(self) -> Engine: ...
 
@@ -137,8 +135,8 @@ class Dialect(Protocol):
 
     insert_checks_tail: bool
     """Whether the writer may link to the tail of its own last commit without reading it:
-    where a statement costs more than the check it saves (in-process SQLite; PostgreSQL
-    reads the tail in the round trip that takes the lock anyway)."""
+    a statement fewer per transaction (on PostgreSQL also the wait for its reply before the
+    inserts could be planned, a round trip of its own)."""
 
     def writer_connection(self, dbapi: Any) -> None:
         """Set up the DB-API connection the writer keeps (transactions are its own)."""
@@ -153,8 +151,9 @@ class Dialect(Protocol):
         """Statements issued inside go out without waiting for each other's replies (the
         first fetch waits for all); a no-op where the database is in-process."""
 
-    def after_write(self, cursor: Any, last_seq: int) -> None:
-        """Inside the transaction, after the rows are written (PostgreSQL: NOTIFY)."""
+    def write_rows(self, cursor: Any, rows: list[tuple[Any, ...]], last_seq: int) -> None:
+        """Insert the transaction's record rows, in seq order, ending at `last_seq`
+        (PostgreSQL: and NOTIFY the readers waiting for it, in the last row's statement)."""
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         """Block until something may have been appended after `after_seq`, or timeout."""
@@ -328,8 +327,9 @@ class SqlStore:
     ) -> list[Outcome]:
         # The writer's transaction runs on the driver's own connection: it is the hot path of
         # every append, and Core's per-statement machinery cost more than the SQL itself.
-        # On PostgreSQL the statements go out pipelined: one round trip takes the lock and
-        # reads tail, versions and chosen ids, one more inserts, notifies and commits.
+        # On PostgreSQL the statements go out pipelined: a writer alone on its log with
+        # nothing to read sends lock, rows, NOTIFY and COMMIT in one round trip; versions and
+        # chosen ids to read, or the tail after another writer's append, cost one more.
         cursor = dbapi.cursor()
         try:
             with self.dialect.pipeline(dbapi):
@@ -350,8 +350,7 @@ class SqlStore:
                 plan = self._plan
                 outcomes = [plan(batch, submission) for submission in submissions]
                 if batch.rows:
-                    cursor.executemany(self.dialect.insert_sql, batch.rows)
-                    self.dialect.after_write(cursor, batch.head)
+                    self.dialect.write_rows(cursor, batch.rows, batch.head)
                 elif batch.own_tail:  # no row of seq head + 1 checked the tail: read it
                     _require_own_tail(dbapi, batch.head, batch.last_chain)
                 self.dialect.commit_write(cursor)

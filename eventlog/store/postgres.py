@@ -41,6 +41,9 @@ _INSERT = (
     "INSERT INTO events (seq, stream, version, event_id, type, schema, recorded_at, payload, chain)"
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+_INSERT_AND_NOTIFY = f"WITH written AS ({_INSERT}) SELECT pg_notify(%s, %s)"
+"""The last row of a transaction and the NOTIFY of its seq: one statement fewer for the
+client to send and read back (the CTE's INSERT runs whether or not the SELECT reads it)."""
 
 
 class PostgresDialect:
@@ -52,10 +55,9 @@ class PostgresDialect:
     """
 
     name = "postgresql"
-    insert_sql = _INSERT
     placeholder = "%s"
     stream_kind = "split_part(stream, '/', 1)"
-    insert_checks_tail = False
+    insert_checks_tail = True
 
     def __init__(
         self,
@@ -130,8 +132,10 @@ class PostgresDialect:
         fetch; the server still runs them in order, each seeing what committed before it."""
         return cast(contextlib.AbstractContextManager[Any], dbapi.pipeline())
 
-    def after_write(self, cursor: Any, last_seq: int) -> None:
-        cursor.execute(f"SELECT pg_notify('{self._channel}', '{int(last_seq)}')")
+    def write_rows(self, cursor: Any, rows: list[tuple[Any, ...]], last_seq: int) -> None:
+        if len(rows) > 1:
+            cursor.executemany(_INSERT, rows[:-1])
+        cursor.execute(_INSERT_AND_NOTIFY, (*rows[-1], self._channel, str(int(last_seq))))
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         import psycopg

@@ -55,7 +55,6 @@ class SqliteDialect:
     """
 
     name = "sqlite"
-    insert_sql = _INSERT
     placeholder = "?"
     stream_kind = "substr(stream, 1, instr(stream || '/', '/') - 1)"
     insert_checks_tail = True
@@ -147,8 +146,9 @@ class SqliteDialect:
         """In-process: a statement's reply costs no round trip."""
         return _NO_PIPELINE
 
-    def after_write(self, cursor: Any, last_seq: int) -> None:
-        """Readers poll; nothing to announce."""
+    def write_rows(self, cursor: Any, rows: list[tuple[Any, ...]], last_seq: int) -> None:
+        """Readers poll: nothing to announce."""
+        cursor.executemany(_INSERT, rows)
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
         # Polling is what SQLite offers across processes; 20 ms keeps tail latency low
