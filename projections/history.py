@@ -18,6 +18,7 @@ from eventlog.recovery.vocabulary import (
     CONTROLLER_STREAM,
     CheckpointCommitted,
     CheckpointRetired,
+    RestoreCompleted,
     RestoreStarted,
 )
 from projections.siblings import LedgerState, fold_all
@@ -131,6 +132,19 @@ def retired_checkpoints(controller_records: Iterable[RecordLike]) -> set[int]:
         for rec in controller_records
         if isinstance(rec.event, CheckpointRetired)
     }
+
+
+def unfinished_restore(controller_records: Iterable[Rec]) -> Rec | None:
+    """The last RestoreStarted with no RestoreCompleted after it: a restore its process died
+    in. The log then folds to the checkpoint's state, but attempts ran after it (rolled back)
+    that only a restore's restart events give up and number past."""
+    unfinished = None
+    for rec in controller_records:
+        if isinstance(rec.event, RestoreStarted):
+            unfinished = rec
+        elif isinstance(rec.event, RestoreCompleted):
+            unfinished = None
+    return unfinished
 
 
 def rebuild(

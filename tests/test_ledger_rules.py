@@ -6,6 +6,7 @@ import asyncio
 from functools import partial
 
 import pytest
+import torch
 
 from eventlog import EventLog
 from eventlog.errors import ConcurrencyError
@@ -24,7 +25,12 @@ from eventlog.recovery.vocabulary import (
     parse_rollout_id,
     rollout_id_for,
 )
-from tests.fixtures.ledger import Harness, backend_harness_fixture, make_prompt  # noqa: F401
+from tests.fixtures.ledger import (  # noqa: F401
+    STAGING,
+    Harness,
+    backend_harness_fixture,
+    make_prompt,
+)
 
 
 @pytest.fixture(name="harness")
@@ -695,13 +701,43 @@ def test_a_receipt_naming_keys_its_attempt_never_staged_is_refused(harness: Harn
             )
         )
 
-    with pytest.raises(LedgerRuleError, match=r"sibling 1: .*never staged.*'g1_g0/call-0'"):
+    with pytest.raises(LedgerRuleError, match=r"sibling 1: .*never staged.*'g1_g1/call-9'"):
+        seal([*own.staging_keys, "g1_g1/call-9"])
+    with pytest.raises(LedgerRuleError, match=r"sibling 1: .*\['g1_g0/call-0'\] are not named"):
         seal([*own.staging_keys, "g1_g0/call-0"])
-    with pytest.raises(LedgerRuleError, match=r"never staged .*'made-up'"):
+    with pytest.raises(LedgerRuleError, match=r"\['made-up'\] are not named under .*'g1_g1'"):
         seal(["made-up"])
     assert h.log.head() == head
     assert h.ledger.group("g1").siblings[1].current.status == "dispatched"
     assert seal(own.staging_keys) is True
+
+
+def test_an_attempt_stages_only_under_its_own_name_so_no_row_of_another_is_replaced(
+    harness: Harness,
+) -> None:
+    """Two groups' attempts staging one key: the second put replaced the first's row, which
+    its seal owned (the data plane upserts); then a checkpoint failed on the key owned twice
+    and finalizing the first group deleted the second's only row. A key not named under the
+    staging attempt is refused before anything is put or appended."""
+    h = harness
+    for group in ("g1", "g2"):
+        h.reserve(group, n=1)
+        h.dispatch(group)
+    rows = {"g1_g0/c0": {"token_ids": torch.arange(3)}}
+    receipt = h.ledger.stage("g1_g0", rows, weight_version=0)
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match=r"\['g1_g0/c0'\] are not named under .*'g2_g0'"):
+        h.ledger.stage("g2_g0", {"g1_g0/c0": {"token_ids": torch.arange(5)}}, weight_version=0)
+    with pytest.raises(LedgerRuleError, match=r"\['K'\] are not named"):
+        h.ledger.stage("g2_g0", {"K": {"token_ids": torch.arange(5)}}, weight_version=0)
+    assert h.log.head() == head
+    assert sorted(h.data_plane.list_keys(STAGING)) == ["g1_g0/c0"]
+    assert len(h.data_plane.read_rows(STAGING, ["g1_g0/c0"])["g1_g0/c0"]["token_ids"]) == 3
+    assert h.run(
+        lambda cut: h.ledger.seal_sibling(
+            cut, "g1", 0, rollout_id="g1_g0", receipt=receipt, reward=1.0, mask_sample=False
+        )
+    )
 
 
 def test_a_late_result_of_a_rolled_back_attempt_or_group_is_stale_and_recordable(

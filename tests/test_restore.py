@@ -569,3 +569,46 @@ def test_an_id_read_absent_then_reserved_and_rolled_back_is_not_offered_again(
     assert again == "g3-r1"
     h.reserve(again, n=2, target_step=1, sample_id="g3")
     assert h.ledger.group(again).prompt_ref.sample_id == "g3"
+
+
+def test_opening_after_a_restore_that_died_midway_is_refused_and_a_restore_finishes_it(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore's process died after its RestoreStarted was durable: the log folds to the
+    checkpoint's state, so opening handed out g_g0 again, an id that already ran after the
+    checkpoint, and left d_g0 dispatched with no worker. Opening is refused naming the
+    restore; restoring again gives both up and numbers the attempts past every one used."""
+    import eventlog.recovery.ledger as ledger_module
+    from eventlog.recovery.errors import ReconciliationError
+
+    h = harness
+    h.reserve("g", n=1)
+    h.reserve("d", n=1)
+    h.dispatch("d")
+    h.checkpoint(1)
+    h.dispatch("g")
+    h.start_generation("g", 0)  # after the checkpoint a worker runs g_g0
+    h.fresh_process()
+
+    class Died(BaseException):
+        pass
+
+    def dying(*args: object, **kwargs: object) -> None:
+        raise Died
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ledger_module, "finish_restore", dying)
+        with pytest.raises(Died):
+            _restore(h)
+    started = h.records(CONTROLLER_STREAM)[-1]
+    assert isinstance(started.event, RestoreStarted)
+    head = h.log.head()
+    with pytest.raises(ReconciliationError, match=rf"RestoreStarted at seq {started.seq}\) did"):
+        h.reopen()
+    assert h.log.head() == head  # not even a fencing epoch
+    assert RecoveryLedger.open(h.log, h.data_plane, read_only=True).group("g")  # audits may
+    h.fresh_process()
+    _restore(h)
+    assert [s.current.rollout_id for s in h.ledger.group("g").siblings] == ["g_g0-a1"]
+    assert [s.current.rollout_id for s in h.ledger.group("d").siblings] == ["d_g0-a1"]
+    h.reopen()  # a finished restore opens

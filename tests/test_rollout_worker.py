@@ -23,11 +23,12 @@ from eventlog.recovery.vocabulary import (
     GenerationStarted,
     TokensStaged,
     attempt_stream,
+    staging_key,
 )
 from eventlog.rollout.agents import RewardInput, digit_reward, get_agent, prompt_overlap_reward
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
 from eventlog.rollout.sampling import SampleDelta, Sampling
-from eventlog.rollout.worker import RolloutWorker, staging_key
+from eventlog.rollout.worker import RolloutWorker
 from tests.fixtures.tq import ClearableDataPlane
 from tests.fixtures.vllm import VllmSession, stream_types
 

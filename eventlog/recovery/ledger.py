@@ -21,10 +21,14 @@ The ledger itself keeps only the preconditions that need something the fold cann
 - the runtime prompt (`reserve`: prompt_id and task_name agree with the ref, fingerprint);
 - the log (`_refuse_used_group_id`: a group id is used once, rolled-back history included;
   `_require_staged`: a receipt names only keys its attempt staged; `_result_group`: a result
-  for a group the ledger no longer holds is stale);
+  for a group the ledger no longer holds is stale; `_refuse_unfinished_restore`: `open`
+  refuses a log whose last restore died midway);
 - the data plane (`checkpoint`: every sealed row exists; `clear_superseded_rows`;
   `resolve_finalization_unknown`: the canonical rows decide). Every deletion is recorded
   first, in the same append as the fact that frees the rows where there is one (docs/design.md §7);
+- the data plane's keys (`_require_own_keys`: `stage` puts and a seal names only keys named
+  under the attempt, `{rollout_id}/NAME`; the data plane replaces a row put under a key it
+  holds, and the fold sees no other group's keys);
 - the barrier (`checkpoint` needs the exclusive cut; a fenced ledger refuses commands);
 - command idempotency (`_repeat`: an identical repeat of an accepted seal is a no-op).
 
@@ -64,7 +68,14 @@ from eventlog.dataplane.protocol import DataPlane, Row
 from eventlog.errors import ConcurrencyError, EventLogError, InvalidEventError
 from eventlog.events import Event
 from eventlog.log import EventLog
-from eventlog.records import ANY, NO_STREAM, AppendRequest, AppendResult, ExpectedVersion
+from eventlog.records import (
+    ANY,
+    NO_STREAM,
+    AppendRequest,
+    AppendResult,
+    ExpectedVersion,
+    RecordedEvent,
+)
 from eventlog.recovery.barrier import Cut, MutationBarrier
 from eventlog.recovery.checkpoint import (
     check_rows,
@@ -81,7 +92,12 @@ from eventlog.recovery.config import (
     RecoveryConfig,
     resolve_granularity,
 )
-from eventlog.recovery.errors import ControllerFencedError, LedgerRuleError, StaleAttemptError
+from eventlog.recovery.errors import (
+    ControllerFencedError,
+    LedgerRuleError,
+    ReconciliationError,
+    StaleAttemptError,
+)
 from eventlog.recovery.replay_ownership import ReplayOwnership
 from eventlog.recovery.restore import (
     Dataset,
@@ -113,6 +129,7 @@ from eventlog.recovery.vocabulary import (
     GroupSealed,
     PromptRef,
     Receipt,
+    RestoreStarted,
     SealResult,
     SiblingResult,
     SiblingsDispatched,
@@ -122,8 +139,9 @@ from eventlog.recovery.vocabulary import (
     TokensStaged,
     attempt_stream,
     group_stream,
+    staging_key_attempt,
 )
-from projections.history import RolledBack, controller_history
+from projections.history import RolledBack, controller_history, unfinished_restore
 from projections.reconcile import referenced_keys
 from projections.recovery import abandon_events, attempt_ref, retry_events
 from projections.siblings import (
@@ -300,6 +318,8 @@ class RecoveryLedger:
         or a checkpoint drops versions (`live_versions`): a read begun before that is of the
         old view (it may predate an append of ours whose version was dropped), not kept."""
         self._skipped = RolledBack()
+        self._unfinished_restore: RecordedEvent | None = None
+        """The RestoreStarted of a restore that died midway, as of the last load."""
         self._prompts: dict[str, Prompt] = {}
         self._staged: dict[str, dict[str, int]] = {}
         """Per rollout id, what `_staged_versions` read of its attempt stream."""
@@ -351,6 +371,7 @@ class RecoveryLedger:
         if read_only:
             ledger._read_only = True
             return ledger
+        ledger._refuse_unfinished_restore()
         stream, expected, events = ledger._next_epoch("open")
         (taken,) = ledger._append([AppendRequest(stream, events, expected)])
         if taken.seqs[0] != head + 1:
@@ -361,10 +382,25 @@ class RecoveryLedger:
 
     def _load(self) -> int:
         head = self.log.head()
-        _, self._skipped = controller_history(self.log, head)
+        controller, self._skipped = controller_history(self.log, head)
+        self._unfinished_restore = unfinished_restore(controller)
         self._state, self._versions = fold_until(self.log, head, self._skipped)
         self._absent, self._era = set(), self._era + 1
         return head
+
+    def _refuse_unfinished_restore(self) -> None:
+        """Opening after a restore that died midway would dispatch rollout ids its
+        rolled-back records already ran, and leave the checkpoint's in-flight attempts
+        dispatched with no worker: only a restore gives those up and numbers past them."""
+        found = self._unfinished_restore
+        if found is not None:
+            assert isinstance(found.event, RestoreStarted)
+            raise ReconciliationError(
+                f"the restore to the checkpoint of step {found.event.checkpoint_step} "
+                f"(RestoreStarted at seq {found.seq}) did not complete",
+                hint="restore again (RecoveryLedger.restore, or the controller's restart), "
+                "not open",
+            )
 
     @property
     def epoch(self) -> int | None:
@@ -1080,6 +1116,9 @@ class RecoveryLedger:
         """
         if receipt is None or not receipt.staging_keys:
             return []
+        _require_own_keys(
+            receipt.rollout_id, receipt.staging_keys, f"group {group_id!r}, sibling {index}: "
+        )
         staged = self._staged_versions(receipt)
         unstaged = [k for k in receipt.staging_keys if k not in staged]
         if unstaged:
@@ -1556,15 +1595,17 @@ class RecoveryLedger:
     def stage(self, rollout_id: str, rows: Mapping[str, Row], *, weight_version: int) -> Receipt:
         """Stage an attempt's rows in one call; returns the receipt to seal it with.
 
-        Puts the rows (keys unique per attempt and call) into the staging partition, each
-        tagged with `rollout_id`, then, once the data plane acknowledged them, appends one
-        TokensStaged per row to the attempt's stream: restore clears rows by these records.
+        Puts the rows (keyed `{rollout_id}/NAME`, as `vocabulary.staging_key` names them)
+        into the staging partition, each tagged with `rollout_id`, then, once the data plane
+        acknowledged them, appends one TokensStaged per row to the attempt's stream: restore
+        clears rows by these records.
         A row's token count is the length of its `token_ids`. Workers call it outside the
         barrier; not while a checkpoint saves the data plane.
         """
         keys = list(rows)
         if not keys:
             return Receipt(rollout_id=rollout_id, staging_keys=[])
+        _require_own_keys(rollout_id, keys, "")
         tags = {key: {"rollout_id": rollout_id, "call": str(call)} for call, key in enumerate(keys)}
         self.data_plane.put_rows(self.staging_partition, rows, tags)
         staged = [
@@ -1671,3 +1712,14 @@ def _agent_name(prompt: Prompt) -> str | None:
         if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
             return str(ref["name"])
     return None
+
+
+def _require_own_keys(rollout_id: str, keys: Sequence[str], where: str) -> None:
+    """Every key is named under `rollout_id` (`staging_key_attempt`): a row put under a key
+    another attempt's row holds replaces that row, which its seal still owns."""
+    foreign = [key for key in keys if staging_key_attempt(key) != rollout_id]
+    if foreign:
+        raise LedgerRuleError(
+            f"{where}staging keys {foreign} are not named under attempt {rollout_id!r}",
+            hint=f"key each row of an attempt {rollout_id}/NAME (vocabulary.staging_key)",
+        )

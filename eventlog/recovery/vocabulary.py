@@ -64,6 +64,18 @@ def rollout_id_for(group_id: str, generation_index: int, attempt: int) -> str:
     return base if attempt == 0 else f"{base}-a{attempt}"
 
 
+def staging_key(rollout_id: str, call: int) -> str:
+    """The data-plane key of one call's row: unique per attempt and call, stable on reruns."""
+    return f"{rollout_id}/c{call}"
+
+
+def staging_key_attempt(key: str) -> str:
+    """The attempt a staging key is named under: the key up to its last `/`. Each key names
+    one attempt, so two attempts' rows never share one (the data plane replaces a row put
+    under a key it holds, and another group's sealed row was lost so)."""
+    return key.rpartition("/")[0]
+
+
 class RolloutId(NamedTuple):
     """The parts a rollout id is built from (`rollout_id_for` is the inverse)."""
 

@@ -63,6 +63,7 @@ from eventlog.recovery.vocabulary import (
     TokensStaged,
     attempt_stream,
     rollout_id_for,
+    staging_key,
 )
 from eventlog.rollout.agents import Agent, RewardInput, checked_reward, get_agent
 from eventlog.rollout.faults import FaultPlan, WorkerKilled
@@ -96,11 +97,6 @@ class AttemptLog(Protocol):
     async def append_batch_async(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         """Append atomically; the results once durable (errors raise, nothing appended)."""
         ...
-
-
-def staging_key(rollout_id: str, call: int) -> str:
-    """The data-plane key of one call's row: unique per attempt and call, stable on reruns."""
-    return f"{rollout_id}/c{call}"
 
 
 @dataclass(frozen=True)
