@@ -242,6 +242,16 @@ def test_a_read_only_ledger_takes_no_epoch_and_refuses_commands(
         h.run(lambda cut: viewer.restore(cut, h.dataset), kind="recovery_restore")
     assert h.log.head() == head and viewer.epoch is None and loads == []
     h.dispatch("g1")  # the controller is not fenced by a viewer
+    head, keys = h.log.head(), h.data_plane.list_keys(STAGING)
+    with pytest.raises(LedgerRuleError, match="'g1_g0': a read-only ledger cannot stage"):
+        viewer.stage("g1_g0", {"g1_g0/c0": {"token_ids": torch.arange(3)}}, weight_version=0)
+    assert h.log.head() == head and h.data_plane.list_keys(STAGING) == keys
+    stale = h.run(lambda cut: cut)  # its section has exited
+    for command in (viewer.replay.consume, h.ledger.replay.consume):
+        with pytest.raises(BarrierError):  # nothing to consume, a stale cut all the same
+            command(stale, ["absent"], step=1)
+    with pytest.raises(BarrierError):
+        h.ledger.replay.evict(object(), ["absent"], reason="r")  # type: ignore[arg-type]
 
 
 class HandMade:

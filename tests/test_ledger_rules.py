@@ -656,6 +656,25 @@ def test_discard_clears_the_rows_the_group_owned(harness: Harness) -> None:
     assert "g1" not in h.ledger.state.groups
 
 
+def test_a_group_whose_finalization_is_unknown_is_not_discarded(harness: Harness) -> None:
+    """Its canonical rows may be written, and a discard names only staging rows: they stayed
+    in the training partition, named by no record, carried by every checkpoint. Refused,
+    nothing appended; resolving it settles the group."""
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    h.seal("g1", 0)
+    h.run(lambda cut: h.ledger.start_finalization(cut, "g1", owner="f"))
+    h.put_canonical_rows("g1")  # the finalizer wrote them; its answer was lost
+    h.run(lambda cut: h.ledger.mark_finalization_unknown(cut, "g1", owner="f", error="timeout"))
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match=r"'g1': cannot discard it while its finalization"):
+        h.run(lambda cut: h.ledger.discard(cut, "g1", reason="give up"))
+    assert h.log.head() == head and h.ledger.group("g1").status == "finalization_unknown"
+    h.run(lambda cut: h.ledger.resolve_finalization_unknown(cut, "g1", owner="f"))
+    assert [e.group_id for e in h.ledger.replay.entries()] == ["g1"]
+
+
 def test_a_prompt_that_is_not_json_needs_fingerprint_off(harness: Harness) -> None:
     import torch
 

@@ -30,7 +30,9 @@ The ledger itself keeps only the preconditions that need something the fold cann
   under the attempt, `{rollout_id}/NAME`; the data plane replaces a row put under a key it
   holds, and the fold sees no other group's keys);
 - the barrier (`checkpoint` needs the exclusive cut; a fenced ledger refuses commands);
-- command idempotency (`_repeat`: an identical repeat of an accepted seal is a no-op).
+- command idempotency (`_repeat`: an identical repeat of an accepted seal is a no-op);
+- a discard waits for an unknown finalization to be resolved (`_discard`: kept out of the
+  fold, so that a log already holding such a discard still restores).
 
 Superseded attempts: a late result of an attempt that is no longer current raises
 `StaleAttemptError` and appends nothing, like every rejection. Because late results are normal
@@ -339,6 +341,7 @@ class RecoveryLedger:
             data_plane,
             lambda: self.training_partition,
             commit_async=self._commit_async,
+            require_cut=self._require_cut,
         )
         """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
@@ -1361,7 +1364,17 @@ class RecoveryLedger:
 
     def _discard(self, cut: Cut, group_id: str, *, reason: str) -> Steps[list[str]]:
         """Drop a group untrained; clears the staging rows it owned (after the append)."""
+        self._require_cut(cut)
         group = self.group(group_id)
+        if group.status == "finalization_unknown":
+            # Its canonical rows may be written, and a discard names only staging rows: they
+            # stayed in the training partition with no record. Not a fold rule, so that a
+            # log holding such a discard still restores.
+            raise LedgerRuleError(
+                f"group {group_id!r}: cannot discard it while its finalization is unknown",
+                hint="settle it first: resolve_finalization_unknown "
+                "(`eventlog resolve-finalization`)",
+            )
         keys = group.staging_keys()
         event = GroupDiscarded(group_id=group_id, reason=reason, staging_keys=keys)
         (yield self._group_commit(cut, group_id, [event]))
@@ -1602,6 +1615,11 @@ class RecoveryLedger:
         A row's token count is the length of its `token_ids`. Workers call it outside the
         barrier; not while a checkpoint saves the data plane.
         """
+        if self._read_only:  # it would put rows and append, outside any epoch
+            raise LedgerRuleError(
+                f"attempt {rollout_id!r}: a read-only ledger cannot stage rows",
+                hint="stage through the run's ledger (RecoveryLedger.open or restore)",
+            )
         keys = list(rows)
         if not keys:
             return Receipt(rollout_id=rollout_id, staging_keys=[])
