@@ -4,8 +4,9 @@ Callers (threads or asyncio tasks) queue a submission with a future. Whoever hol
 leader lock takes everything queued, commits it as one transaction, and resolves each
 future with that submission's own result or error: the store validates submissions one by
 one, so a rejected one adds nothing and costs the others nothing. A synchronous caller that
-finds no commit in progress leads itself (no hand-off to another thread); otherwise, and
-always for asyncio callers, the writer thread leads. asyncio futures of one batch are
+finds no commit in progress leads itself (no hand-off to another thread), taking what is
+queued along unless it is the main thread; otherwise, and always for asyncio callers, the
+writer thread leads. asyncio futures of one batch are
 resolved with a single wake-up of their loop, not one per future.
 """
 
@@ -82,7 +83,10 @@ class GroupCommitWriter:
         try:
             if self._closed:  # checked under the leader lock, which `close` waits for
                 raise LogClosedError("the log is closed")
-            if self._queue.empty():  # alone: no future to build, settle and wait on
+            if self._queue.empty() or threading.current_thread() is threading.main_thread():
+                # Alone: no future to build, settle and wait on. The main thread, where Ctrl-C
+                # and SIGTERM land, leads only its own: a stop there failed every queued
+                # append it had taken along, committed or not (retried, stored twice).
                 return self._commit_alone(submission)
             queued, _ = self._drain([], sum([len(r.events) for r in submission]))
             if not queued:

@@ -70,6 +70,55 @@ def test_an_uncontended_append_commits_in_its_callers_thread(
     assert threads == [threading.current_thread().name] * 30
 
 
+def test_the_main_thread_leads_only_its_own_append_so_a_stop_there_fails_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (and SIGTERM, in the CLI) lands in the main thread. Leading a commit that held
+    other callers' queued appends, it handed its KeyboardInterrupt to each of them, whether
+    the commit landed or not, and a caller retrying its append stored it twice. The main
+    thread commits only its own; the queued ones go with the next commit another leads. The
+    writer thread is kept out of the way, so that only callers lead."""
+    from eventlog.writer import GroupCommitWriter
+
+    monkeypatch.setattr(GroupCommitWriter, "_run", lambda self: None)
+    batches: list[tuple[str, int]] = []
+    write = SqlStore.write
+
+    def stopped_in_main(self: SqlStore, submissions: Any, **kwargs: Any) -> Any:
+        batches.append((threading.current_thread().name, len(submissions)))
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt  # Ctrl-C while the main thread's commit runs
+        return write(self, submissions, **kwargs)
+
+    with EventLog.open(tmp_path / "log.db") as log:
+        monkeypatch.setattr(SqlStore, "write", stopped_in_main)
+
+        async def queued_append(stream: str) -> Any:
+            try:
+                return await log.append_async(stream, [LogNote(text="y")])
+            except KeyboardInterrupt as stop:  # the main thread's, handed on: the bug
+                return stop
+
+        async def main() -> list[Any]:
+            queued = [asyncio.ensure_future(queued_append(f"q{i}")) for i in range(3)]
+            await asyncio.sleep(0)  # encoded and queued; no writer thread takes them
+            with pytest.raises(KeyboardInterrupt):
+                log.append("main", [LogNote(text="x")])
+            await asyncio.sleep(0)  # anything the commit settled is settled now
+            assert not any(future.done() for future in queued)
+            other = threading.Thread(
+                target=log.append, args=("other", [LogNote(text="z")]), name="other"
+            )
+            other.start()  # leads, and takes the queued ones along
+            other.join()
+            return await asyncio.gather(*queued)
+
+        results = asyncio.run(main())
+        assert [r.stream for r in results] == ["q0", "q1", "q2"]
+        assert log.head() == 4 and log.verify().ok
+    assert batches == [(threading.main_thread().name, 1), ("other", 4)]
+
+
 class _SyncCountingProxy:
     """A TCP relay in front of the PostgreSQL server that reads the client's protocol
     messages and counts the points where it waits for the server: a Sync or Flush (extended

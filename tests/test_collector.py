@@ -261,7 +261,8 @@ def test_a_caller_of_a_few_events_leading_others_queued_events_pauses_it(
     """A single append that finds an asyncio caller's many events queued commits them too:
     that commit rests the collector (the asyncio caller's pause ended once it queued, and
     the single append took none). The writer thread is kept out of the way so that the
-    caller, not it, leads the queued events."""
+    caller, not it, leads the queued events (a caller other than the main thread, which
+    leads only its own append)."""
     from eventlog.store.sqlite import SqliteDialect
     from eventlog.writer import GroupCommitWriter
 
@@ -279,7 +280,9 @@ def test_a_caller_of_a_few_events_leading_others_queued_events_pauses_it(
         async def main() -> None:
             queued = asyncio.ensure_future(log.append_async("many", MANY))
             await asyncio.sleep(0)  # encoded and queued; no writer thread takes it
-            log.append("few", [LogNote(text="x")])  # leads, and takes the queued ones along
+            few = threading.Thread(target=log.append, args=("few", [LogNote(text="x")]))
+            few.start()  # leads, and takes the queued ones along
+            few.join()
             await queued
 
         asyncio.run(main())
