@@ -4,6 +4,7 @@ neither read nor write another run's records (on the real PostgreSQL server)."""
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -49,6 +50,24 @@ def test_runs_in_one_database_see_only_their_own_records(fresh_postgres_url: str
         assert a.info()["run"] == "a" and b.info()["run"] == "b"
         assert default.info()["run"] == "default"
         assert a.info()["log_id"] != b.info()["log_id"]
+
+
+def test_a_run_of_the_longest_name_appends_and_wakes_its_readers(fresh_postgres_url: str) -> None:
+    """A run name of 42 to 48 letters made a notification channel longer than PostgreSQL's
+    63 bytes: the log opened, and every append failed ("channel name too long")."""
+    longest, neighbour = "r" * 48, "r" * 47 + "s"
+    with (
+        EventLog.open(fresh_postgres_url, run=longest) as log,
+        EventLog.open(fresh_postgres_url, run=longest) as reader,
+        EventLog.open(fresh_postgres_url, run=neighbour) as other,
+    ):
+        reader.wait_for_append(0, timeout=0.01)  # listening now
+        other.append("s", [LogNote(text="not ours")], NO_STREAM)
+        assert log.append("s", [LogNote(text="x")], NO_STREAM).seqs == [1]
+        started = time.monotonic()
+        reader.wait_for_append(0, timeout=30.0)  # its own run's commit wakes it
+        assert time.monotonic() - started < 15.0
+        assert _texts(reader) == ["x"] and reader.verify().ok
 
 
 def test_an_event_id_stored_in_one_run_is_new_in_another(fresh_postgres_url: str) -> None:

@@ -8,8 +8,10 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 from eventlog import NO_STREAM, EventLog
@@ -190,6 +192,55 @@ def test_a_lost_listener_connection_is_a_typed_error_and_the_next_wait_listens_a
         started = time.monotonic()
         log.wait_for_append(head, timeout=30.0)
         assert time.monotonic() - started < 15.0  # notified, not timed out
+
+
+@pytest.mark.postgres
+def test_a_commit_just_before_the_first_wait_is_not_slept_through(
+    fresh_postgres_url: str,
+) -> None:
+    """The listener starts at the first wait: a commit after the caller read the head and
+    before its LISTEN notified no one, and the wait ran out its timeout with the head past
+    `after_seq`. A new listener reads the head once listening."""
+    with EventLog.open(fresh_postgres_url) as writer, EventLog.open(fresh_postgres_url) as reader:
+        writer.append("s", [LogNote(text="x")], NO_STREAM)
+        head = reader.head()
+        writer.append("s", [LogNote(text="y")], 0)  # before the reader listens
+        started = time.monotonic()
+        reader.wait_for_append(head, timeout=30.0)
+        assert time.monotonic() - started < 15.0
+        started = time.monotonic()
+        reader.wait_for_append(reader.head(), timeout=0.5)  # listening: nothing new, it waits
+        assert time.monotonic() - started >= 0.4
+
+
+@pytest.mark.postgres
+def test_a_statement_refused_inside_the_writers_pipeline_logs_no_warning(
+    fresh_postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refusal inside the pipeline (another writer's row where this one guessed its own
+    tail: normal traffic when several write) left it aborted, and psycopg logged "error
+    ignored terminating <Pipeline>" at WARNING on leaving it, once per refusal; the error
+    itself still reaches the caller."""
+    import psycopg
+
+    from eventlog.store.postgres import PostgresDialect
+    from tests.reliability import libpq_url
+
+    dialect = PostgresDialect(sa.make_url(fresh_postgres_url), "full")
+
+    def refused_inside(pipeline: Any) -> None:
+        with pytest.raises(psycopg.errors.DivisionByZero), pipeline:
+            conn.execute("BEGIN")
+            refused = conn.execute("SELECT 1 / 0")
+            conn.execute("COMMIT")  # queued behind the refusal, as the writer's is
+            refused.fetchone()  # raises inside the block: the pipeline is aborted
+        conn.rollback()  # as the writer does
+
+    with psycopg.connect(libpq_url(fresh_postgres_url), autocommit=True) as conn:
+        refused_inside(dialect.pipeline(conn))
+        assert not [r for r in caplog.records if r.name == "psycopg"], caplog.text
+        refused_inside(conn.pipeline())  # not the writer's: psycopg's warning stays
+        assert [r for r in caplog.records if r.name == "psycopg"]
 
 
 def test_a_stream_taken_to_be_new_that_exists_costs_no_connection_and_says_nothing(

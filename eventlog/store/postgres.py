@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import Engine, event
@@ -30,6 +32,25 @@ LOCK_KEY = 0x6576656E746C6F67  # "eventlog" in ASCII; any constant shared by all
 CHANNEL = "eventlog_appended"
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({LOCK_KEY + 1})"
 """Serializes creating and migrating a log (kept apart from the writers' lock)."""
+
+
+class _PipelineExit(threading.local):
+    failing = False
+    """Whether this thread is leaving a pipeline whose block raised."""
+
+
+_PIPELINE_EXIT = _PipelineExit()
+
+
+class _QuietFailedPipelineExit(logging.Filter):
+    """Drops psycopg's warning about ending a pipeline that our block left by raising (the
+    error goes on to the writer); a pipeline of anyone else's still warns."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _PIPELINE_EXIT.failing
+
+
+logging.getLogger("psycopg").addFilter(_QuietFailedPipelineExit())
 
 
 def migration_lock_sql(schema: str | None) -> str:
@@ -127,10 +148,23 @@ class PostgresDialect:
     def commit_write(self, cursor: Any) -> None:
         cursor.execute("COMMIT")
 
-    def pipeline(self, dbapi: Any) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def pipeline(self, dbapi: Any) -> Iterator[None]:
         """psycopg's pipeline mode: statements are sent at once, results read at the first
-        fetch; the server still runs them in order, each seeing what committed before it."""
-        return cast(contextlib.AbstractContextManager[Any], dbapi.pipeline())
+        fetch; the server still runs them in order, each seeing what committed before it.
+
+        A statement refused inside it (another writer's row where the writer guessed its own
+        tail: normal traffic when several write) leaves the pipeline aborted, and psycopg
+        logged "error ignored terminating <Pipeline>" at WARNING for each one on leaving it;
+        the refusal itself goes on to the writer, which plans again or reports it."""
+        with contextlib.ExitStack() as stack:
+            stack.callback(_PIPELINE_EXIT.__setattr__, "failing", False)  # after it exited
+            stack.enter_context(dbapi.pipeline())
+            try:
+                yield
+            except BaseException:
+                _PIPELINE_EXIT.failing = True  # until the pipeline above has exited
+                raise
 
     def write_rows(self, cursor: Any, rows: list[tuple[Any, ...]], last_seq: int) -> None:
         if len(rows) > 1:
@@ -150,8 +184,15 @@ class PostgresDialect:
                     conninfo, autocommit=True, connect_timeout=connect_s
                 )
                 self._listener.execute(f'LISTEN "{self._channel}"')
+                fresh = True
+            else:
+                fresh = False
             listener = self._listener
         try:
+            # A commit between the caller's read of the head and a new LISTEN notified no
+            # one: the head, read once listening, tells (it waited out its timeout).
+            if fresh and self._head_on(listener) > after_seq:
+                return
             for _ in listener.notifies(timeout=timeout, stop_after=1):
                 break
         except psycopg.Error:
@@ -162,6 +203,11 @@ class PostgresDialect:
                     self._listener = None
             listener.close()
             raise
+
+    def _head_on(self, connection: Any) -> int:
+        table = "events" if self.schema is None else f'"{self.schema}".events'
+        row = connection.execute(f"SELECT max(seq) FROM {table}").fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
 
     def backup(self, engine: Engine, dest: Path) -> None:
         """The documented recipe: `pg_dump --format=custom` of the whole database (tables,

@@ -103,8 +103,19 @@ def lock_key(base: int, schema: str | None) -> int:
 
 
 def channel_for(base: str, schema: str | None) -> str:
-    """The run's notification channel (a run's `tail -f` wakes only for its own appends)."""
-    return base if schema is None else f"{base}_{schema}"
+    """The run's notification channel (a run's `tail -f` wakes only for its own appends):
+    `{base}_{schema}`, or `{base}_` and a hash of it where that passes PostgreSQL's 63-byte
+    names (a run name of 42 or more letters: every append failed, "channel name too long")."""
+    if schema is None:
+        return base
+    channel = f"{base}_{schema}"
+    if len(channel.encode()) <= _NAME_BYTES:
+        return channel
+    return f"{base}_{hashlib.blake2b(channel.encode(), digest_size=8).hexdigest()}"
+
+
+_NAME_BYTES = 63
+"""The longest identifier PostgreSQL keeps whole (NAMEDATALEN - 1)."""
 
 
 def find_runs(engine: sa.Engine) -> list[str]:
