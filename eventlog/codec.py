@@ -70,6 +70,7 @@ def encode(event: Event) -> tuple[str, int, bytes]:
         OverflowError,
         TypeError,
         UnicodeEncodeError,  # a lone surrogate in a string field
+        RecursionError,  # a list that holds itself, or one nested too deeply to encode
     ) as exc:
         raise InvalidEventError(f"{name}: {exc}") from exc
     return name, schema, payload

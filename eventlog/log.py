@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -33,12 +34,17 @@ from eventlog.store import migrate, runs
 from eventlog.store.base import (
     EXPECT_ANY,
     EXPECT_NO_STREAM,
+    LOG_CLOSED,
     PayloadRow,
     PreparedEvent,
     PreparedRequest,
     RecordRow,
     SqlStore,
     Submission,
+    check_seconds,
+    check_seq,
+    checked_names,
+    storable_text,
 )
 from eventlog.verify import VerifyReport, verify_records
 from eventlog.writer import GroupCommitWriter
@@ -72,10 +78,33 @@ def expanded_path(text: str) -> Path:
         raise InputError(f"{text}: cannot expand {text.split('/')[0]}: no such user") from None
 
 
+def _path_text(name: str, value: object) -> str:
+    """A path argument as text: a str or an os.PathLike of one (`str()` of None or of a
+    number named a file in the current folder)."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str):
+        raise InputError(
+            f"{name} must be a path (a str or an os.PathLike), found "
+            f"{type(value).__name__} {value!r:.60}"
+        )
+    return text
+
+
+def _check_file_name(shown: str, name: str) -> None:
+    """SQLite opens a file by its UTF-8 name, which holds no NUL (else a bare ValueError or
+    UnicodeEncodeError)."""
+    if storable_text(name):
+        return
+    if "\x00" in name:
+        raise InputError(f"{shown!r}: a file name cannot hold a NUL character")
+    raise InputError(f"{shown!r}: a file name must be UTF-8 text (it holds a lone surrogate)")
+
+
 def resolve_url(target: str | Path) -> sa.URL:
     """A SQLAlchemy URL for a file path or a URL; PostgreSQL always goes through psycopg 3."""
-    text = str(target)
+    text = _path_text("target", target)
     if "://" not in text:  # a path, not a URL: `%20`, `?` and `#` are part of its name
+        _check_file_name(text, text)
         return sa.URL.create("sqlite", database=str(expanded_path(text).resolve()))
     try:
         url = sa.make_url(text)
@@ -84,8 +113,8 @@ def resolve_url(target: str | Path) -> sa.URL:
         raise InputError(f"{_without_password(text)}: not a log location ({exc})") from None
     if url.drivername.startswith("sqlite") and not url.database:
         raise InputError(f"{text}: an SQLite URL needs a file (sqlite:///path/to/run.db)")
-    if url.drivername.startswith("sqlite") and "\x00" in (url.database or ""):
-        raise InputError(f"{_without_password(text)}: a file name cannot hold a NUL character")
+    if url.drivername.startswith("sqlite"):
+        _check_file_name(_without_password(text), url.database or "")
     backend, _, driver = url.drivername.partition("+")
     if backend == "postgres":  # SQLAlchemy's other name for it
         backend = "postgresql"
@@ -117,22 +146,17 @@ def open_store(
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     read_only: bool = False,
     run: str | None = None,
+    create: bool = True,
 ) -> SqlStore:
     """The store for a target, without checking its schema revision.
 
     `run` (or `?run=` in a PostgreSQL URL) selects one run's log among several in one
-    database (eventlog.store.runs); the store then sees that run's records only.
+    database (eventlog.store.runs); the store then sees that run's records only. Without
+    `create`, a missing SQLite file is refused, not made.
     """
     if durability not in ("full", "normal"):
         raise InvalidEventError(f"durability must be 'full' or 'normal', found {durability!r}")
-    if (
-        isinstance(busy_timeout, bool)
-        or not isinstance(busy_timeout, int | float)
-        or not 0 <= busy_timeout <= 86_400
-    ):
-        raise InvalidEventError(
-            f"busy_timeout must be a number of seconds in 0..86400, found {busy_timeout!r}"
-        )
+    check_seconds("busy_timeout", busy_timeout)
     busy_ms = int(busy_timeout * 1000)
     url, run = runs.split_run(resolve_url(target), run)
     schema = runs.schema_for(run)
@@ -143,7 +167,8 @@ def open_store(
     if backend == "sqlite":
         from eventlog.store.sqlite import SqliteDialect
 
-        return SqlStore(SqliteDialect(url, durability, busy_ms, read_only=read_only), shown)
+        sqlite = SqliteDialect(url, durability, busy_ms, read_only=read_only, create=create)
+        return SqlStore(sqlite, shown)
     if backend == "postgresql":
         from eventlog.store.postgres import PostgresDialect
 
@@ -186,7 +211,12 @@ class EventLog:
         keeps `cpu_seconds` (for benchmarks: it costs each append two clock readings).
         """
         store = open_store(
-            target, durability, busy_timeout=busy_timeout, read_only=read_only, run=run
+            target,
+            durability,
+            busy_timeout=busy_timeout,
+            read_only=read_only,
+            run=run,
+            create=create,
         )
         try:
             migrate.ensure_at_head(
@@ -251,7 +281,7 @@ class EventLog:
 
     def _encode(self, requests: Sequence[AppendRequest]) -> Submission:
         if self._closed:
-            raise LogClosedError("the log is closed")
+            raise LogClosedError(LOG_CLOSED)
         prepared: Submission = []
         encode = codec.encode
         new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python call per event
@@ -271,7 +301,7 @@ class EventLog:
                 or not 0 < len(stream) <= MAX_STREAM_LENGTH
                 or not stream.isprintable()  # (a NUL is not printable)
             ):
-                check_stream(stream)
+                stream = check_stream(stream)
             expected = request.expected_version
             if expected.__class__ is int and expected >= 0:
                 code = expected
@@ -303,10 +333,9 @@ class EventLog:
                             f"stream {stream!r}: item {index} is a "
                             f"{type(event).__name__}, not an Event"
                         )
-                    if event_id.__class__ is not UUID and not isinstance(event_id, UUID):
-                        raise InvalidEventError(
-                            f"stream {stream!r}: item {index}: a Proposed event id must be a "
-                            f"uuid.UUID, found {type(event_id).__name__} {event_id!r:.60}"
+                    if event_id.__class__ is not UUID:
+                        _check_uuid(
+                            f"stream {stream!r}: item {index}: a Proposed event id", event_id
                         )
                 else:
                     raise InvalidEventError(
@@ -338,6 +367,7 @@ class EventLog:
         """Where the record with this event id is, None if the log holds none: whether an
         append whose answer was lost (an interrupt, a connection lost at commit) landed. A
         batch is whole or absent, so one of its ids answers for all of them."""
+        _check_uuid("event_id", event_id)
         return self._store.seq_of(event_id.bytes)
 
     def versions_between(self, from_seq: int, until_seq: int) -> dict[str, int]:
@@ -445,6 +475,11 @@ class EventLog:
         poll_interval: float = 1.0,
     ) -> AsyncIterator[RecordedEvent]:
         """Catch up from `from_seq`, then follow new appends for as long as the caller iterates."""
+        # Checked before the first wait: a caught-up reader would read nothing to check them.
+        check_seq("from_seq", from_seq, required=True)
+        streams = checked_names("streams", streams)
+        types = checked_names("types", types)
+        check_seconds("poll_interval", poll_interval)
         next_seq = max(from_seq, 1)
         page_size = 500
         while True:
@@ -500,9 +535,11 @@ class EventLog:
     def backup(self, dest: str | Path) -> None:
         """Write a consistent copy of the log to `dest` (SQLite: a log file; PostgreSQL: a
         pg_dump archive), while appends go on."""
-        self._store.backup(Path(dest))
+        text = _path_text("dest", dest)
+        _check_file_name(text, text)
+        self._store.backup(Path(text))
 
-    def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
+    def save_snapshot(self, name: str, seq: int, payload: bytes | bytearray | memoryview) -> None:
         """Store a projection's state as of `seq` (replaces one saved at the same seq)."""
         self._store.save_snapshot(name, seq, payload)
 
@@ -581,18 +618,26 @@ def _decode_row(row: RecordRow) -> RecordedEvent:
     )
 
 
-def check_stream(stream: object) -> None:
-    """Refuse a stream name no backend stores alike (InvalidEventError, the name shortened)."""
+def check_stream(stream: object) -> str:
+    """A stream name as a plain str (a str subclass is one no driver binds as text), or
+    InvalidEventError naming one no backend stores alike (shortened)."""
     if not isinstance(stream, str) or not stream or len(stream) > MAX_STREAM_LENGTH:
         raise InvalidEventError(
             f"stream must be a non-empty string of at most {MAX_STREAM_LENGTH} characters, "
             f"found {_shortened(stream)}"
         )
-    # Both backends must store the same names: PostgreSQL text holds no NUL and every
-    # driver needs UTF-8, which a lone surrogate has none of.
-    if "\x00" in stream or (not stream.isprintable() and not _encodable(stream)):
+    if not storable_text(stream):
         raise InvalidEventError(
             f"stream {_shortened(stream)}: a stream name is UTF-8 text without NUL characters"
+        )
+    return str.__str__(stream)
+
+
+def _check_uuid(name: str, value: object) -> None:
+    """An event id is a uuid.UUID (a str or None has no 16 bytes to look up or store)."""
+    if not isinstance(value, UUID):
+        raise InvalidEventError(
+            f"{name} must be a uuid.UUID, found {type(value).__name__} {value!r:.60}"
         )
 
 
@@ -600,11 +645,3 @@ def _shortened(value: object) -> str:
     """A refused value as an error names it: its repr, cut to a line's worth."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -608,6 +608,7 @@ def test_missing_log_is_not_created_when_create_is_false(tmp_path: Path) -> None
 
 
 def test_snapshots_are_found_at_or_before_a_seq(log: EventLog) -> None:
+    log.append("s", notes(*["x"] * 20))  # a snapshot is of a seq the log has reached
     log.save_snapshot("siblings", 10, b"ten")
     log.save_snapshot("siblings", 20, b"twenty")
     assert log.load_snapshot("siblings") == (20, b"twenty")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,7 +28,9 @@ from eventlog.errors import (
     DamagedRecordError,
     DuplicateEventError,
     EventLogError,
+    InputError,
     InvalidEventError,
+    LogClosedError,
     StorageDamagedError,
     StorageIntegrityError,
     StorageUnavailableError,
@@ -45,6 +48,7 @@ _WHOLE_BATCH_FAILURES = (StorageUnavailableError, StorageDamagedError)
 """Failures of the database, not of one submission: retrying one by one would only wait again."""
 
 # Read-side statements, built once (constructing a Core statement costs ~100 µs of Python).
+_HEAD = sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))
 _TAIL = sa.select(events.c.seq, events.c.chain).order_by(events.c.seq.desc()).limit(1)
 # The writer's statements, as plain SQL both dialects accept (markers filled per driver).
 _TAIL_SQL = "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
@@ -79,6 +83,7 @@ _STREAM_BACKWARDS_SQL = (
 def _prefix_clause(prefix: str) -> str:
     """`stream` begins with `prefix`, compared exactly (LIKE is case-blind on SQLite); the
     length is part of the statement so that no driver has to guess a parameter's type."""
+    check_text("stream_prefix", prefix)
     return f"substr(stream, 1, {len(prefix)}) = {{m}}"
 
 
@@ -206,8 +211,9 @@ class SqlStore:
     def __init__(self, dialect: Dialect, target: str) -> None:
         self.dialect = dialect
         self.target = target
-        self._write_engine = dialect.write_engine()
-        self._read_engine = dialect.read_engine()
+        self._engine_for_writes = dialect.write_engine()
+        self._engine_for_reads = dialect.read_engine()
+        self._closed = False
         # Stream versions as of seq `_known_head`, from our own commits. Valid only while the
         # log's head is still that seq (nobody else appended since), checked in each batch.
         self._known_head = -1
@@ -222,6 +228,22 @@ class SqlStore:
         self._assumed = False
         """Whether the transaction being written took a stream to be new unread."""
         forks.watch(self)
+
+    def _require_open(self) -> None:
+        """Refuse any use of a closed store: SQLAlchemy reconnects a disposed engine, so a
+        closed log would go on reading and writing its file."""
+        if self._closed:
+            raise LogClosedError(LOG_CLOSED)
+
+    @property
+    def _write_engine(self) -> Engine:
+        self._require_open()
+        return self._engine_for_writes
+
+    @property
+    def _read_engine(self) -> Engine:
+        self._require_open()
+        return self._engine_for_reads
 
     def after_fork_in_child(self) -> None:
         """The parent's connections stay the parent's (`forks`): the child's writer and
@@ -499,6 +521,8 @@ class SqlStore:
         minted, minted_bytes, taken = batch.minted, batch.minted_bytes, batch.taken
         add_row, add_result = rows.append, results.append
         try:
+            if any([request.chosen for request in submission]):
+                supplied = _chosen_once(submission)
             for request in submission:
                 stream, expected, events, chosen = request
                 if chosen:
@@ -536,7 +560,7 @@ class SqlStore:
                     versions[stream] = first_version
                     continue
                 if chosen:
-                    ids, taken = _chosen_ids(request, supplied, minted, taken)
+                    ids, taken = _chosen_ids(request, minted, taken)
                     id_bytes = [event_id.bytes for event_id in ids]
                 else:
                     ids = minted[taken : taken + count]
@@ -708,9 +732,7 @@ class SqlStore:
 
     def head(self) -> int:
         with self._reading() as conn:
-            return int(
-                conn.execute(sa.select(sa.func.coalesce(sa.func.max(events.c.seq), 0))).scalar_one()
-            )
+            return int(conn.execute(_HEAD).scalar_one())
 
     def tail_chain(self) -> tuple[int, bytes]:
         """The newest seq and its chain value (the anchor to keep elsewhere)."""
@@ -723,11 +745,12 @@ class SqlStore:
         return row[0], bytes(row[1])
 
     def stream_version(self, stream: str) -> int | None:
+        check_text("stream", stream)
         return self.stream_versions([stream])[stream]
 
     def stream_versions(self, streams: Iterable[str]) -> dict[str, int | None]:
         """Each stream's newest version (None: no such stream), one query per 500 streams."""
-        wanted = sorted(set(streams))
+        wanted = sorted(set(checked_names("streams", streams) or ()))
         versions: dict[str, int | None] = dict.fromkeys(wanted)
         for chunk in _chunks(wanted):
             for stream, version in self._rows(self._sql(_VERSIONS_SQL, len(chunk)), chunk):
@@ -737,8 +760,8 @@ class SqlStore:
     def versions_between(self, from_seq: int, until_seq: int) -> dict[str, int]:
         """The newest version of every stream with a record in from_seq..until_seq, as of
         until_seq (one grouped scan of that range)."""
-        check_seq("from_seq", from_seq)
-        check_seq("until_seq", until_seq)
+        check_seq("from_seq", from_seq, required=True)
+        check_seq("until_seq", until_seq, required=True)
         rows = self._rows(self._sql(_VERSIONS_BETWEEN_SQL), [from_seq, until_seq])
         return {stream: _stored_version(stream, version) for stream, version in rows}
 
@@ -778,8 +801,10 @@ class SqlStore:
     ) -> Iterator[RecordRow]:
         """`read` as checked rows (the columns in table order), for callers that build
         their own objects from them (`EventLog.read` decodes straight into its records)."""
-        check_seq("from_seq", from_seq)
+        check_seq("from_seq", from_seq, required=True)
         check_seq("until_seq", until_seq)
+        streams = checked_names("streams", streams)
+        types = checked_names("types", types)
         if (streams is not None and not streams) or (types is not None and not types):
             return
         yield from self._by_seq(
@@ -797,8 +822,9 @@ class SqlStore:
         (only those of `types`, when given), in seq order, checked: what a whole-log audit
         or a rebuild decodes, without the columns it does not read (a third fewer values for
         the driver to build per record)."""
-        check_seq("from_seq", from_seq)
-        check_seq("until_seq", until_seq)
+        check_seq("from_seq", from_seq, required=True)
+        check_seq("until_seq", until_seq, required=True)
+        types = checked_names("types", types)
         if types is not None and not types:
             return
         yield from self._by_seq(
@@ -853,8 +879,8 @@ class SqlStore:
     def next_seq(self, from_seq: int, until_seq: int) -> int | None:
         """The first seq in from_seq..until_seq the log holds, None if none: one index seek,
         no row read (a damaged row is for its reader to name)."""
-        check_seq("from_seq", from_seq)
-        check_seq("until_seq", until_seq)
+        check_seq("from_seq", from_seq, required=True)
+        check_seq("until_seq", until_seq, required=True)
         sql = self._sql("SELECT min(seq) FROM events WHERE seq >= {m} AND seq <= {m}")
         ((found,),) = self._fetch(sql, [from_seq, until_seq], from_seq, tuple)
         return None if found is None else int(found)
@@ -862,7 +888,7 @@ class SqlStore:
     def counts(self, until_seq: int) -> list[tuple[str, str, int, int]]:
         """(type, stream kind, records, smallest seq) of every record up to `until_seq`, in
         one aggregate query: counting needs no record in Python."""
-        check_seq("until_seq", until_seq)
+        check_seq("until_seq", until_seq, required=True)
         sql = self._sql(
             f"SELECT type, {self.dialect.stream_kind}, count(*), min(seq) FROM events "
             "WHERE seq <= {m} GROUP BY 1, 2"
@@ -876,6 +902,7 @@ class SqlStore:
         Walks the seq index backwards and stops at the first match: cheap when matching
         records are recent, as an application's own records are in a log it writes to.
         """
+        types = checked_names("types", types)
         if types is not None and not types:
             return 0
         where: list[str] = []
@@ -911,6 +938,7 @@ class SqlStore:
         self, stream: str, from_version: int = 0, page_size: int = 1000
     ) -> Iterator[RecordRow]:
         """`read_stream` as checked rows."""
+        check_text("stream", stream)
         _check_version("from_version", from_version)
         _check_page_size(page_size)
         sql = self._sql(_STREAM_FORWARDS)
@@ -934,6 +962,7 @@ class SqlStore:
         self, stream: str, before_version: int | None = None, page_size: int = 100
     ) -> Iterator[RecordRow]:
         """`read_stream_backwards` as checked rows."""
+        check_text("stream", stream)
         if before_version is not None:
             _check_version("before_version", before_version)
         _check_page_size(page_size)
@@ -970,16 +999,33 @@ class SqlStore:
 
     # -- snapshots -------------------------------------------------------------------------
 
-    def save_snapshot(self, name: str, seq: int, payload: bytes) -> None:
+    def save_snapshot(self, name: str, seq: int, payload: bytes | bytearray | memoryview) -> None:
+        """Store a state as of `seq`, a seq the log has reached (checked under the write lock:
+        a snapshot ahead of its log would be taken for one of records it does not hold)."""
+        _check_snapshot_name(name)
+        check_seq("seq", seq, required=True)
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidEventError(
+                f"snapshot {name!r}: payload must be bytes, found {type(payload).__name__} "
+                f"{payload!r:.40}"
+            )
         with translating(self.target), self._write_engine.connect() as conn, conn.begin():
+            head = conn.execute(_HEAD).scalar_one()
+            if not 0 <= seq <= head:
+                raise InvalidEventError(
+                    f"snapshot {name!r}: seq {seq} is not in 0..{head} (the log's head): a "
+                    "snapshot is of a state the log has reached"
+                )
             conn.execute(snapshots.delete().where(snapshots.c.name == name, snapshots.c.seq == seq))
             conn.execute(
                 snapshots.insert().values(
-                    name=name, seq=seq, created_at=time.time_ns(), payload=payload
+                    name=name, seq=seq, created_at=time.time_ns(), payload=bytes(payload)
                 )
             )
 
     def load_snapshot(self, name: str, at_or_before_seq: int | None) -> tuple[int, bytes] | None:
+        _check_snapshot_name(name)
+        check_seq("at_or_before_seq", at_or_before_seq)
         query = sa.select(snapshots.c.seq, snapshots.c.payload).where(snapshots.c.name == name)
         if at_or_before_seq is not None:
             query = query.where(snapshots.c.seq <= at_or_before_seq)
@@ -989,11 +1035,18 @@ class SqlStore:
         return (int(row[0]), bytes(row[1])) if row else None
 
     def wait_for_append(self, after_seq: int, timeout: float) -> None:
+        check_seq("after_seq", after_seq, required=True)
+        check_seconds("timeout", timeout)
+        self._require_open()  # (SQLite's wait is a sleep that touches no engine)
         with translating(self.target):
             self.dialect.wait_for_append(after_seq, timeout)
 
     def backup(self, dest: Path) -> None:
         """A consistent copy of the log in a new file, taken while writers go on."""
+        if os.path.isdir(dest):  # the copy would be made, then fail to take its name
+            raise InputError(
+                f"{dest}: the backup destination is a folder; name a new file in it instead"
+            )
         with translating(self.target):
             self.dialect.backup(self._read_engine, dest)
 
@@ -1002,6 +1055,7 @@ class SqlStore:
         return self._write_engine
 
     def close(self) -> None:
+        self._closed = True
         if self._writer_conn is not None:
             self._writer_conn.close()
             self._writer_conn = None
@@ -1012,12 +1066,85 @@ MAX_SEQ = 2**63 - 1
 """The largest seq any backend can store (a signed 64-bit integer)."""
 
 
-def check_seq(name: str, value: int | None) -> None:
-    """A seq bound no log can reach is a caller's mistake, not a driver's OverflowError."""
-    if value is not None and not -MAX_SEQ <= value <= MAX_SEQ:
+LOG_CLOSED = "the log is closed"
+"""What every use of a closed log is refused with (LogClosedError)."""
+
+
+def check_seq(name: str, value: int | None, *, required: bool = False) -> None:
+    """A seq bound that is no int, or one no log can reach, is a caller's mistake, not a
+    driver's TypeError or OverflowError. None is no bound, where one may be left out."""
+    if value is None and not required:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidEventError(
+            f"{name} must be an int seq, found {type(value).__name__} {value!r:.40}"
+        )
+    if not -MAX_SEQ <= value <= MAX_SEQ:
         raise InvalidEventError(
             f"{name} {value} is beyond the largest seq a log can hold ({MAX_SEQ})"
         )
+
+
+MOST_SECONDS = 86_400
+"""The longest wait an argument may ask for (a day): NaN, infinity and negative waits are no
+wait a sleep or a socket takes."""
+
+
+def check_seconds(name: str, value: float) -> None:
+    """A duration is a number of seconds in 0..MOST_SECONDS (a bool is none)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MOST_SECONDS
+    ):
+        raise InvalidEventError(
+            f"{name} must be a number of seconds in 0..{MOST_SECONDS}, found {value!r:.40}"
+        )
+
+
+def storable_text(text: str) -> bool:
+    """Whether both backends store (and SQLite opens) `text` alike: PostgreSQL text holds no
+    NUL and every driver needs UTF-8, which a lone surrogate has none of."""
+    if text.isprintable():  # the common case: no NUL, no surrogate
+        return True
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(name: str, value: object) -> None:
+    """A name argument (a stream, a type, a prefix) is text a record can hold: anything else
+    is the caller's mistake, not a driver's TypeError or UnicodeEncodeError."""
+    if not isinstance(value, str) or not storable_text(value):
+        raise InvalidEventError(
+            f"{name} must be UTF-8 text without NUL characters, found "
+            f"{type(value).__name__} {value!r:.60}"
+        )
+
+
+def checked_names(name: str, values: Iterable[str] | None) -> list[str] | None:
+    """A filter's names as a list (None: no filter), each checked by `check_text`. A bare
+    str is refused: as a sequence it is its characters, and filters by them."""
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidEventError(
+            f"{name} must be a list of names, found {type(values).__name__} {values!r:.60}"
+        )
+    listed = list(values)
+    for value in listed:
+        check_text(f"a name in {name}", value)
+    return listed
+
+
+def _check_snapshot_name(name: str) -> None:
+    check_text("snapshot name", name)
+    if not name:
+        raise InvalidEventError("snapshot name must not be empty")
 
 
 def _check_version(name: str, value: int) -> None:
@@ -1072,27 +1199,38 @@ def _minted_of_chosen(request: PreparedRequest) -> int:
     return sum([event.chosen is None for event in request.events])
 
 
+def _chosen_once(submission: Submission) -> set[bytes]:
+    """The submission's chosen ids, each once: checked before any retry is matched, so that
+    a retry repeating an id is refused as the same append sent fresh is (else both events
+    were answered with the one stored record)."""
+    supplied: set[bytes] = set()
+    for request in submission:
+        for event in request.events:
+            if event.chosen is None:
+                continue
+            key = event.chosen.bytes
+            if key in supplied:
+                raise InvalidEventError(
+                    f"stream {request.stream!r}: event id {event.chosen} appears twice in one "
+                    "append"
+                )
+            supplied.add(key)
+    return supplied
+
+
 def _chosen_ids(
-    request: PreparedRequest, supplied: set[bytes], minted: list[uuid.UUID], taken: int
+    request: PreparedRequest, minted: list[uuid.UUID], taken: int
 ) -> tuple[list[uuid.UUID], int]:
-    """The request's ids: the caller's where chosen (each once per append), else the next of
-    the transaction's minted ones (so ids follow seq order whatever the requests mix); with
-    how many minted ids are taken now."""
+    """The request's ids: the caller's where chosen (each once per append: `_chosen_once`),
+    else the next of the transaction's minted ones (so ids follow seq order whatever the
+    requests mix); with how many minted ids are taken now."""
     ids: list[uuid.UUID] = []
     for event in request.events:
         if event.chosen is None:
             ids.append(minted[taken])
             taken += 1
-            continue
-        # `_retried` already matched ids placed before; only a repeat within this very
-        # submission is left to catch.
-        key = event.chosen.bytes
-        if key in supplied:
-            raise InvalidEventError(
-                f"stream {request.stream!r}: event id {event.chosen} appears twice in one append"
-            )
-        supplied.add(key)
-        ids.append(event.chosen)
+        else:
+            ids.append(event.chosen)
     return ids, taken
 
 

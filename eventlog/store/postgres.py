@@ -30,6 +30,8 @@ Durability = Literal["full", "normal"]
 
 LOCK_KEY = 0x6576656E746C6F67  # "eventlog" in ASCII; any constant shared by all writers
 CHANNEL = "eventlog_appended"
+LISTENER_NAME = "eventlog listener"
+"""The application_name of the connection a reader waits for appends on."""
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({LOCK_KEY + 1})"
 """Serializes creating and migrating a log (kept apart from the writers' lock)."""
 
@@ -181,7 +183,10 @@ class PostgresDialect:
                 )
                 connect_s = max(1, round(self.busy_timeout_ms / 1000))  # libpq: whole seconds
                 self._listener = psycopg.connect(
-                    conninfo, autocommit=True, connect_timeout=connect_s
+                    conninfo,
+                    autocommit=True,
+                    connect_timeout=connect_s,
+                    application_name=LISTENER_NAME,  # what pg_stat_activity shows of it
                 )
                 self._listener.execute(f'LISTEN "{self._channel}"')
                 fresh = True

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, event
 
 from eventlog import forks
-from eventlog.errors import LogClosedError, StorageUnavailableError
+from eventlog.errors import LogClosedError, LogRevisionError, StorageUnavailableError
 from eventlog.store.tables import LOG_TABLES
 
 Durability = Literal["full", "normal"]
@@ -51,7 +51,8 @@ class SqliteDialect:
     """WAL + synchronous=FULL by default: a returned append survives power loss.
 
     `read_only` opens the file with SQLite's `mode=ro`: nothing (not even the journal mode)
-    is written, so an audit leaves the file's bytes as they were, or is refused.
+    is written, so an audit leaves the file's bytes as they were, or is refused. Without
+    `create`, `mode=rw`: a missing file is refused, not made.
     """
 
     name = "sqlite"
@@ -66,18 +67,23 @@ class SqliteDialect:
         busy_timeout_ms: int = 60_000,
         *,
         read_only: bool = False,
+        create: bool = True,
     ) -> None:
         self.url = url
         self.path = Path(url.database or "")
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
         self.read_only = read_only
+        self.create = create
         self._engines: list[Engine] = []
 
     def _create_engine(self, pool_size: int, max_overflow: int) -> Engine:
+        if not self.create and not self.read_only:
+            _refuse_missing(self.path, self.url)
         _refuse_unopenable(self.path, self.read_only)
         if not self.read_only:
-            return sa.create_engine(self.url, pool_size=pool_size, max_overflow=max_overflow)
+            url = self.url if self.create else self._existing_file_url()
+            return sa.create_engine(url, pool_size=pool_size, max_overflow=max_overflow)
         uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
         if _on_read_only_medium(self.path):
             # SQLite cannot open a WAL log read-only where it may not create the -shm index;
@@ -95,6 +101,15 @@ class SqliteDialect:
             poolclass=sa.QueuePool,
             pool_size=pool_size,
             max_overflow=max_overflow,
+        )
+
+    def _existing_file_url(self) -> sa.URL:
+        """The file's URL in SQLite's URI form with `mode=rw`: a file removed since
+        `_refuse_missing` looked is refused, not made (the connect hook's journal switch
+        would write a new log's first page)."""
+        return self.url.set(
+            database=f"file:{urllib.parse.quote(str(self.path))}",
+            query={"mode": "rw", "uri": "true"},
         )
 
     def write_engine(self) -> Engine:
@@ -160,17 +175,21 @@ class SqliteDialect:
         so the copy is one consistent state while writers go on (WAL never blocks them)."""
         partial = dest.with_name(dest.name + ".partial")
         partial.unlink(missing_ok=True)
-        with engine.connect() as conn:
-            source = conn.connection.dbapi_connection
-            assert isinstance(source, sqlite3.Connection)
-            copy = sqlite3.connect(partial)
-            try:
-                source.backup(copy, pages=-1)
-            finally:
-                copy.close()
-        with open(partial, "rb") as written:  # durable before it takes the final name
-            os.fsync(written.fileno())
-        partial.rename(dest)
+        try:
+            with engine.connect() as conn:
+                source = conn.connection.dbapi_connection
+                assert isinstance(source, sqlite3.Connection)
+                copy = sqlite3.connect(partial)
+                try:
+                    source.backup(copy, pages=-1)
+                finally:
+                    copy.close()
+            with open(partial, "rb") as written:  # durable before it takes the final name
+                os.fsync(written.fileno())
+            partial.rename(dest)
+        except BaseException:  # a failed backup leaves no half-written copy beside dest
+            partial.unlink(missing_ok=True)
+            raise
 
     def find_damaged(self, engine: Engine, from_seq: int) -> tuple[int, str, str] | None:
         """Scan with typeof() and raw bytes, which never fail to decode, for the first bad row."""
@@ -243,6 +262,16 @@ def _refuse_unopenable(path: Path, read_only: bool) -> None:
             ) from None
     except OSError:  # anything else: the driver's own error names it
         return
+
+
+def _refuse_missing(path: Path, url: sa.URL) -> None:
+    """A log that must exist and does not is named as `migrate` names it (no eventlog log
+    here), before SQLite is asked to open it."""
+    if not path.exists():
+        shown = url.render_as_string(hide_password=True)
+        raise LogRevisionError(
+            f"{shown}: no eventlog log here", hint=f"run `eventlog db upgrade {shown}`"
+        )
 
 
 def _refuse_without_shm(path: Path) -> None:
