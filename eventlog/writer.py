@@ -5,9 +5,10 @@ leader lock takes everything queued, commits it as one transaction, and resolves
 future with that submission's own result or error: the store validates submissions one by
 one, so a rejected one adds nothing and costs the others nothing. A synchronous caller that
 finds no commit in progress leads itself (no hand-off to another thread), taking what is
-queued along unless it is the main thread; otherwise, and always for asyncio callers, the
-writer thread leads. asyncio futures of one batch are
-resolved with a single wake-up of their loop, not one per future.
+queued along; otherwise, and always for asyncio callers, the writer thread leads. A caller in
+the main thread always commits its own alone, waiting for the leader lock if need be.
+asyncio futures of one batch are resolved with a single wake-up of their loop, not one per
+future.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TypeAlias
 from eventlog import collector, forks
 from eventlog.errors import EventLogError, LogClosedError
 from eventlog.records import AppendResult
-from eventlog.store.base import Outcome, SqlStore, Submission
+from eventlog.store.base import LOG_CLOSED, Outcome, SqlStore, Submission
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +79,14 @@ class GroupCommitWriter:
         A leader does not queue its own submission: waking the writer thread through the
         queue cost more than the commit's own CPU (a GIL hand-off per append).
         """
+        if threading.current_thread() is threading.main_thread():
+            return self._write_in_main_thread(submission)
         if not self._leader.acquire(blocking=False):
             return self.submit(submission).result()
         try:
             if self._closed:  # checked under the leader lock, which `close` waits for
-                raise LogClosedError("the log is closed")
-            if self._queue.empty() or threading.current_thread() is threading.main_thread():
-                # Alone: no future to build, settle and wait on. The main thread, where Ctrl-C
-                # and SIGTERM land, leads only its own: a stop there failed every queued
-                # append it had taken along, committed or not (retried, stored twice).
+                raise LogClosedError(LOG_CLOSED)
+            if self._queue.empty():  # alone: no future to build, settle and wait on
                 return self._commit_alone(submission)
             queued, _ = self._drain([], sum([len(r.events) for r in submission]))
             if not queued:
@@ -99,6 +99,17 @@ class GroupCommitWriter:
         finally:
             self._leader.release()
         return future.result()
+
+    def _write_in_main_thread(self, submission: Submission) -> Results:
+        """Where Ctrl-C and SIGTERM land, a caller waits for the leader lock and commits its
+        own submission alone: a stop while it waits leaves nothing queued to land later, and
+        one in its commit fails no other caller's (leading the queued ones, it handed them
+        its stop, committed or not: retried, they were stored twice). So the stop's caller
+        asks the log (`EventLog.seq_of`) whether its own append landed."""
+        with self._leader:
+            if self._closed:
+                raise LogClosedError(LOG_CLOSED)
+            return self._commit_alone(submission)
 
     def _commit_alone(self, submission: Submission) -> Results:
         try:
@@ -121,7 +132,7 @@ class GroupCommitWriter:
     def _put(self, item: _Item) -> None:
         with self._lock:
             if self._closed:
-                raise LogClosedError("the log is closed")
+                raise LogClosedError(LOG_CLOSED)
             self._queue.put(item)
 
     def _run(self) -> None:

@@ -119,6 +119,42 @@ def test_the_main_thread_leads_only_its_own_append_so_a_stop_there_fails_no_othe
     assert batches == [(threading.main_thread().name, 1), ("other", 4)]
 
 
+def test_a_stop_while_the_main_thread_waits_for_another_commit_leaves_nothing_queued(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for another caller's commit, the main thread had queued its append: a Ctrl-C
+    there ended the call, and the writer thread committed the append a moment later, after
+    `seq_of` had said it was not in the log. It waits for the leader lock instead, so a stop
+    leaves nothing behind to land."""
+    import signal
+
+    dialect = SqliteDialect if log.backend == "sqlite" else PostgresDialect
+    begin = dialect.begin_write
+    release, leading = threading.Event(), threading.Event()
+
+    def held(self: Any, cursor: Any) -> None:
+        if threading.current_thread().name == "held":
+            leading.set()
+            assert release.wait(30)
+        begin(self, cursor)
+
+    monkeypatch.setattr(dialect, "begin_write", held)
+    first = threading.Thread(target=log.append, args=("first", [LogNote(text="x")]), name="held")
+    first.start()
+    assert leading.wait(30)
+    main = threading.main_thread().ident
+    assert main is not None
+    stop = threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT))
+    stop.start()
+    note = Proposed(LogNote(text="stopped"), uuid.uuid4())
+    with pytest.raises(KeyboardInterrupt):
+        log.append("main", [note])  # waits for the held commit: stopped meanwhile
+    release.set()
+    first.join()
+    log.append("after", [LogNote(text="y")])  # the writer has nothing of the stopped one
+    assert log.seq_of(note.event_id) is None and log.head() == 2
+
+
 class _SyncCountingProxy:
     """A TCP relay in front of the PostgreSQL server that reads the client's protocol
     messages and counts the points where it waits for the server: a Sync or Flush (extended

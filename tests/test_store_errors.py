@@ -200,16 +200,18 @@ def test_a_lost_listener_connection_is_a_typed_error_and_the_next_wait_listens_a
 def test_a_commit_just_before_the_first_wait_is_not_slept_through(
     fresh_postgres_url: str,
 ) -> None:
-    """The listener starts at the first wait: a commit after the caller read the head and
-    before its LISTEN notified no one, and the wait ran out its timeout with the head past
-    `after_seq`. A new listener reads the head once listening."""
+    """The listener starts at the first wait: a commit after a caller read the head and
+    before that LISTEN notified no one, and the wait ran out its timeout with the head past
+    `after_seq`, the first waiter's and any other's (several subscriptions share a log's
+    listener). The head as of the LISTEN answers every one of them."""
     with EventLog.open(fresh_postgres_url) as writer, EventLog.open(fresh_postgres_url) as reader:
         writer.append("s", [LogNote(text="x")], NO_STREAM)
-        head = reader.head()
-        writer.append("s", [LogNote(text="y")], 0)  # before the reader listens
-        started = time.monotonic()
-        reader.wait_for_append(head, timeout=30.0)
-        assert time.monotonic() - started < 15.0
+        first, second = reader.head(), reader.head()
+        writer.append("s", [LogNote(text="y")], 0)  # before anyone listens
+        for after_seq in (first, second):  # the first starts the listener, the second finds it
+            started = time.monotonic()
+            reader.wait_for_append(after_seq, timeout=30.0)
+            assert time.monotonic() - started < 15.0
         started = time.monotonic()
         reader.wait_for_append(reader.head(), timeout=0.5)  # listening: nothing new, it waits
         assert time.monotonic() - started >= 0.4

@@ -341,7 +341,6 @@ class RecoveryLedger:
             data_plane,
             lambda: self.training_partition,
             commit_async=self._commit_async,
-            require_cut=self._require_cut,
         )
         """Finalized groups the replay buffer owns, by group id (eventlog.replay_ownership)."""
 
@@ -726,7 +725,10 @@ class RecoveryLedger:
         self, cut: Cut, appends: Sequence[Append], *, base: LedgerState | None = None
     ) -> list[AppendResult]:
         """Validate, append atomically, adopt, blocking: for callers outside a command
-        (the replay buffer's ownership)."""
+        (the replay buffer's ownership). Nothing to append commits nothing, on a live cut."""
+        if not appends:
+            self._require_cut(cut)
+            return []
         return self._drive(self._commit_steps(cut, appends, base=base))
 
     def _commit_steps(
@@ -1364,7 +1366,6 @@ class RecoveryLedger:
 
     def _discard(self, cut: Cut, group_id: str, *, reason: str) -> Steps[list[str]]:
         """Drop a group untrained; clears the staging rows it owned (after the append)."""
-        self._require_cut(cut)
         group = self.group(group_id)
         if group.status == "finalization_unknown":
             # Its canonical rows may be written, and a discard names only staging rows: they
@@ -1735,7 +1736,9 @@ def _agent_name(prompt: Prompt) -> str | None:
 def _require_own_keys(rollout_id: str, keys: Sequence[str], where: str) -> None:
     """Every key is named under `rollout_id` (`staging_key_attempt`): a row put under a key
     another attempt's row holds replaces that row, which its seal still owns."""
-    foreign = [key for key in keys if staging_key_attempt(key) != rollout_id]
+    foreign = [
+        key for key in keys if not isinstance(key, str) or staging_key_attempt(key) != rollout_id
+    ]
     if foreign:
         raise LedgerRuleError(
             f"{where}staging keys {foreign} are not named under attempt {rollout_id!r}",

@@ -48,13 +48,9 @@ class ReplayOwnership:
         partition: Callable[[], str] | None = None,
         *,
         commit_async: CommitAsync | None = None,
-        require_cut: Callable[[Cut], object] | None = None,
     ) -> None:
         self._state = state
         self._commit = commit
-        self._require_cut = require_cut
-        """The ledger's cut check, for a command with nothing to commit (refused all the
-        same on a bad cut, as every command is)."""
         self._commit_async = commit_async
         self._data_plane = data_plane
         self._partition = partition
@@ -118,26 +114,28 @@ class ReplayOwnership:
         """Return selected groups to the buffer untrained."""
         self._append(cut, ReplayReleased(group_ids=list(group_ids), reason=reason))
 
-    def _present(self, cut: Cut, group_ids: Sequence[str]) -> list[str]:
+    def _present(self, group_ids: Sequence[str]) -> list[str]:
         """The ids the buffer still owns: one already removed by someone else is skipped (that
         is the point of ids); the status an owned one must be in is the fold's rule."""
-        if self._require_cut is not None:
-            self._require_cut(cut)
         replay = self._state().replay
         return [gid for gid in dict.fromkeys(group_ids) if gid in replay]
 
     def consume(self, cut: Cut, group_ids: Sequence[str], *, step: int) -> list[str]:
         """Selected groups trained at `step`; returns the ids removed (absent ones skipped)."""
-        present = self._present(cut, group_ids)
+        present = self._present(group_ids)
         if present:
             self._append(cut, ReplayConsumed(group_ids=present, step=step))
+        else:
+            self._commit(cut, [])  # nothing to remove: the cut is checked all the same
         return present
 
     def evict(self, cut: Cut, group_ids: Sequence[str], *, reason: str) -> list[str]:
         """Drop ready groups untrained; returns the ids removed (absent ones skipped)."""
-        present = self._present(cut, group_ids)
+        present = self._present(group_ids)
         if present:
             self._append(cut, ReplayEvicted(group_ids=present, reason=reason))
+        else:
+            self._commit(cut, [])  # nothing to remove: the cut is checked all the same
         return present
 
     # -- the asyncio forms ------------------------------------------------------------------
@@ -156,7 +154,7 @@ class ReplayOwnership:
         """`consume`, awaiting the group commit; the ids it removed (absent ones skipped)."""
 
         def event() -> Event | None:
-            present = self._present(cut, group_ids)
+            present = self._present(group_ids)
             return ReplayConsumed(group_ids=present, step=step) if present else None
 
         done = await self._append_async(cut, event)
@@ -166,7 +164,7 @@ class ReplayOwnership:
         """`evict`, awaiting the group commit; the ids it removed (absent ones skipped)."""
 
         def event() -> Event | None:
-            present = self._present(cut, group_ids)
+            present = self._present(group_ids)
             return ReplayEvicted(group_ids=present, reason=reason) if present else None
 
         done = await self._append_async(cut, event)

@@ -1000,8 +1000,9 @@ class SqlStore:
     # -- snapshots -------------------------------------------------------------------------
 
     def save_snapshot(self, name: str, seq: int, payload: bytes | bytearray | memoryview) -> None:
-        """Store a state as of `seq`, a seq the log has reached (checked under the write lock:
-        a snapshot ahead of its log would be taken for one of records it does not hold)."""
+        """Store a state as of `seq`, a seq the log has reached (checked in the snapshot's
+        own transaction; the head only grows): a snapshot ahead of its log would be taken
+        for one of records it does not hold."""
         _check_snapshot_name(name)
         check_seq("seq", seq, required=True)
         if not isinstance(payload, bytes | bytearray | memoryview):

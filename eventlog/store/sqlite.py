@@ -108,9 +108,8 @@ class SqliteDialect:
         `_refuse_missing` looked is refused, not made (the connect hook's journal switch
         would write a new log's first page)."""
         return self.url.set(
-            database=f"file:{urllib.parse.quote(str(self.path))}",
-            query={"mode": "rw", "uri": "true"},
-        )
+            database=f"file:{urllib.parse.quote(str(self.path))}"
+        ).update_query_dict({"mode": "rw", "uri": "true"})
 
     def write_engine(self) -> Engine:
         # One pooled connection for the writer thread; IMMEDIATE takes the file's write lock
