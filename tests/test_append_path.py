@@ -119,15 +119,11 @@ def test_the_main_thread_leads_only_its_own_append_so_a_stop_there_fails_no_othe
     assert batches == [(threading.main_thread().name, 1), ("other", 4)]
 
 
-def test_a_stop_while_the_main_thread_waits_for_another_commit_leaves_nothing_queued(
+def _commit_held(
     log: EventLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Waiting for another caller's commit, the main thread had queued its append: a Ctrl-C
-    there ended the call, and the writer thread committed the append a moment later, after
-    `seq_of` had said it was not in the log. It waits for the leader lock instead, so a stop
-    leaves nothing behind to land."""
-    import signal
-
+) -> tuple[threading.Event, threading.Thread]:
+    """A thread's append whose commit has begun and waits until the event returned is set
+    (join the thread after setting it)."""
     dialect = SqliteDialect if log.backend == "sqlite" else PostgresDialect
     begin = dialect.begin_write
     release, leading = threading.Event(), threading.Event()
@@ -142,6 +138,19 @@ def test_a_stop_while_the_main_thread_waits_for_another_commit_leaves_nothing_qu
     first = threading.Thread(target=log.append, args=("first", [LogNote(text="x")]), name="held")
     first.start()
     assert leading.wait(30)
+    return release, first
+
+
+def test_a_stop_while_the_main_thread_waits_for_another_commit_leaves_nothing_queued(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for another caller's commit, the main thread had queued its append: a Ctrl-C
+    there ended the call, and the writer thread committed the append a moment later, after
+    `seq_of` had said it was not in the log. It waits for the leader lock instead, so a stop
+    leaves nothing behind to land."""
+    import signal
+
+    release, first = _commit_held(log, monkeypatch)
     main = threading.main_thread().ident
     assert main is not None
     stop = threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT))
@@ -304,20 +313,7 @@ def test_a_group_commit_mints_its_ids_and_reads_the_clock_once(
         return mint(count)
 
     monkeypatch.setattr("eventlog.store.base.mint_event_ids", counting)
-    dialect = SqliteDialect if log.backend == "sqlite" else PostgresDialect
-    begin = dialect.begin_write
-    release, leading = threading.Event(), threading.Event()
-
-    def held(self: Any, cursor: Any) -> None:  # the first commit waits until the rest queued
-        if threading.current_thread().name == "held":
-            leading.set()
-            assert release.wait(30)
-        begin(self, cursor)
-
-    monkeypatch.setattr(dialect, "begin_write", held)
-    first = threading.Thread(target=log.append, args=("first", [LogNote(text="x")]), name="held")
-    first.start()
-    assert leading.wait(30)  # it leads its commit alone: the ten queue behind it
+    release, first = _commit_held(log, monkeypatch)  # it leads alone: the ten queue behind it
 
     async def queued() -> list[Any]:
         tasks = [
