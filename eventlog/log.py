@@ -510,6 +510,8 @@ class EventLog:
         """Block until something may have been appended after `after_seq`, or `timeout` passes.
 
         A wake-up, not a promise: re-read after it (SQLite polls, PostgreSQL listens).
+        `after_seq` is the head the caller read before it last looked: a wait for an append
+        after an older seq returns at once where the log had passed it already.
         """
         self._store.wait_for_append(after_seq, timeout)
 

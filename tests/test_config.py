@@ -400,3 +400,18 @@ def test_our_sections_are_read_out_of_a_larger_run_config_and_the_rest_is_ignore
         ConfigError, match=r"token_captur: unknown key.*did you mean 'token_capture'"
     ):
         config_from_dict({"token_captur": {"enabled": True}, "policy": {}})
+
+
+def test_the_staging_partition_is_not_the_training_one(tmp_path: Path) -> None:
+    """Sharing it, a restore's staging check cleared every canonical row as never staged and
+    its canonical check every staged row as an orphan, at every restore after."""
+    from eventlog import EventLog
+    from eventlog.dataplane.memory import InMemoryDataPlane
+    from eventlog.recovery.ledger import RecoveryLedger
+
+    with pytest.raises(ConfigError, match=r"token_capture.staging_partition: 'training' is the"):
+        config_from_dict({"token_capture": {"staging_partition": "training"}})
+    with EventLog.open(tmp_path / "run.db") as log:
+        with pytest.raises(ConfigError, match=r"^staging_partition: 'training' is the training"):
+            RecoveryLedger(log, InMemoryDataPlane(), staging_partition="training")
+        assert log.head() == 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 import torch
 
 from eventlog.dataplane.memory import InMemoryDataPlane
@@ -142,3 +143,26 @@ def test_loading_a_checkpoint_and_listing_its_rows_does_not_import_torch(
     t, x = read["k1"]["t"], read["k2"]["x"]
     assert isinstance(t, torch.Tensor) and torch.equal(t, torch.arange(4, dtype=torch.int32))
     assert isinstance(x, torch.Tensor) and x.shape == (0,) and x.dtype == torch.float32
+
+
+def test_a_checkpoint_folder_is_made_durably_in_its_parents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file and its own folder were fsynced, never the parent holding the new folder's
+    entry: after a power cut the folder could be gone while the CheckpointCommitted naming
+    it stayed, and the newest checkpoint could not be loaded."""
+    import os
+
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    plane = InMemoryDataPlane()
+    plane.put_rows("p", {"k": {"token_ids": torch.arange(3)}})
+    target = tmp_path / "ckpts" / "step-1"
+    plane.save_checkpoint(str(target))
+    assert {str(tmp_path), str(tmp_path / "ckpts"), str(target)} <= set(synced)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 from uuid import uuid4
 
 import msgspec
@@ -217,3 +218,48 @@ def test_the_peer_s_optional_subscription_test_passes(log: EventLog) -> None:
     case = _SubscribingCase("optional_test_insert_subscribe")
     case.recorder = EventLogApplicationRecorder(log)
     case.optional_test_insert_subscribe()
+
+
+def test_a_caught_up_subscription_waits_for_an_append_instead_of_polling(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records that are no notification of the application (its snapshots here) lie past
+    its last notification id; the subscription waited for an append after that id, which
+    returns at once on PostgreSQL: it asked for notifications thousands of times a second
+    while there were none. It waits on the log's head."""
+    import threading
+    import time
+
+    app = EventLogApplicationRecorder(log, namespace="es/App")
+    snapshots = EventLogAggregateRecorder(log, namespace="es/App", purpose="snapshots")
+    originator = uuid4()
+    app.insert_events([_stored(originator, 1)])
+    snapshots.insert_events([_stored(originator, 1, "snapshot")])  # past the notification
+    calls: list[float] = []
+    select = app.select_notifications
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(time.monotonic())
+        return select(*args, **kwargs)
+
+    monkeypatch.setattr(app, "select_notifications", counted)
+    subscription = app.subscribe(gt=None)
+    got: list[int] = []
+    reader = threading.Thread(target=lambda: got.extend(n.id for n in subscription))
+    reader.start()
+    time.sleep(1.0)
+    subscription.stop()
+    reader.join()
+    assert got == [1]
+    assert len(calls) <= 60  # SQLite polls every 20 ms; PostgreSQL waits for NOTIFY (0.2 s)
+
+
+def test_a_limit_of_zero_selects_no_event(log: EventLog) -> None:
+    """Read from the stream's end with a page of 0 events, it was a DataError; the peer's
+    SQLite recorder answers an empty list."""
+    recorder = EventLogAggregateRecorder(log)
+    originator = uuid4()
+    recorder.insert_events([_stored(originator, v) for v in (1, 2, 3)])
+    for desc in (True, False):
+        assert recorder.select_events(originator, desc=desc, limit=0) == []
+    assert len(recorder.select_events(originator, desc=True, limit=2)) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -612,3 +613,38 @@ def test_opening_after_a_restore_that_died_midway_is_refused_and_a_restore_finis
     assert [s.current.rollout_id for s in h.ledger.group("g").siblings] == ["g_g0-a1"]
     assert [s.current.rollout_id for s in h.ledger.group("d").siblings] == ["d_g0-a1"]
     h.reopen()  # a finished restore opens
+
+
+def test_a_restore_whose_closing_append_failed_leaves_its_ledger_refusing_all_but_restore(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RestoreStarted landed, the closing append (restart events, RestoreCompleted) failed on
+    the database: the ledger held the checkpoint's state unfenced and dispatched g1_g0 again,
+    an id that had already run after the checkpoint. It refuses every command until a
+    restore, which finishes the job."""
+    from eventlog.errors import StorageUnavailableError
+    from eventlog.recovery.vocabulary import RestoreCompleted
+
+    h = harness
+    h.reserve("g1", n=1)
+    h.checkpoint(1)
+    h.dispatch("g1")
+    h.start_generation("g1", 0)  # ran after the checkpoint
+    h.fresh_process()
+    append_batch = h.log.append_batch
+
+    def lost_at_the_close(requests: Any) -> Any:
+        if any(isinstance(e, RestoreCompleted) for r in requests for e in r.events):
+            raise StorageUnavailableError("connection lost")
+        return append_batch(requests)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(h.log, "append_batch", lost_at_the_close)
+        with pytest.raises(StorageUnavailableError):
+            _restore(h)
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match=r"restore did not complete \(StorageUnavailable"):
+        h.dispatch("g1")
+    assert h.log.head() == head
+    _restore(h)
+    assert [s.current.rollout_id for s in h.ledger.group("g1").siblings] == ["g1_g0-a1"]

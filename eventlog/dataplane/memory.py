@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from eventlog.dataplane._rows import check_keys, check_partition, check_rows
+from eventlog.dataplane.files import fsync_folder, make_folder_durably
 from eventlog.dataplane.protocol import DataPlaneCheckpoint, Row, inventory_digest
 from eventlog.recovery.errors import DataPlaneError, MissingRowsError
 
@@ -144,7 +145,7 @@ class InMemoryDataPlane:
     def save_checkpoint(self, directory: str) -> DataPlaneCheckpoint:
         """Write every row to ``directory/memory-dataplane.rows`` atomically and durably."""
         target = Path(directory).resolve()
-        target.mkdir(parents=True, exist_ok=True)
+        make_folder_durably(target)
         with self._lock:
             # Serialised while we hold the lock, so the file is one consistent cut.
             index, chunks = _pack_rows(self._partitions)
@@ -284,8 +285,4 @@ def _write_atomically(path: Path, index: object, chunks: list[bytes | memoryview
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_folder(path.parent)

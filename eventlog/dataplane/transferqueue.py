@@ -50,6 +50,7 @@ from eventlog.dataplane._rows import (
     check_partition,
     check_rows,
 )
+from eventlog.dataplane.files import make_folder_durably
 from eventlog.dataplane.protocol import (
     RESERVED_TAG_PREFIX,
     DataPlaneCheckpoint,
@@ -232,7 +233,7 @@ class TransferQueueDataPlane:
         this raise rather than record a digest that does not describe what was saved.
         """
         target = Path(directory).resolve()
-        target.mkdir(parents=True, exist_ok=True)
+        make_folder_durably(target)
         before = self._inventory()
         digest = inventory_digest(before)
         _call(

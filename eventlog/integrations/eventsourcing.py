@@ -197,6 +197,8 @@ class _Recorder:
         limit: int | None,
     ) -> list[StoredEvent]:
         stream = self._event_stream(originator_id)
+        if limit == 0:  # as the peer's recorders answer (a page of 0 is no read of ours)
+            return []
         if lte is None and (gt is not None or (desc and limit is not None)):
             found = self._select_from_the_end(stream, gt, desc, limit)
         else:
@@ -444,6 +446,8 @@ class EventLogSubscription(Subscription[ApplicationRecorder]):
                 notification = self._buffer.popleft()
                 self._after = notification.id
                 return notification
+            with _translated():
+                head = self._source.log.head()  # what a wait must see the log pass
             page = self._source.select_notifications(
                 self._after, 500, topics=self._wanted, inclusive_of_start=False
             )
@@ -451,7 +455,10 @@ class EventLogSubscription(Subscription[ApplicationRecorder]):
                 self._buffer.extend(page)
                 continue
             with _translated():
-                self._source.log.wait_for_append(self._after, _WAIT_S)
+                # Not the last notification's id: records that are no notification of ours
+                # (snapshots, tracking, other applications) lie past it, and a wait for an
+                # append after it returns at once on PostgreSQL: the subscription spun.
+                self._source.log.wait_for_append(head, _WAIT_S)
         raise StopIteration
 
 

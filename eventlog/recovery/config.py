@@ -31,6 +31,7 @@ __all__ = [
     "RecoveryConfig",
     "RolloutRecoveryConfig",
     "TokenCaptureConfig",
+    "check_staging_partition",
     "config_from_dict",
     "load_config",
     "our_sections",
@@ -44,6 +45,19 @@ DEFAULT_STAGING_PARTITION = "rollout_staging"
 
 DEFAULT_TRAINING_PARTITION = "training"
 """Where finalization writes canonical rows (keys: canonical row ids) until they train."""
+
+
+def check_staging_partition(name: str, where: str) -> str:
+    """A staging partition apart from the training one: sharing it, a restore's staging
+    check cleared every canonical row as never staged and its canonical check every staged
+    row as an orphan, rows the log still owned, at every restore after."""
+    if name == DEFAULT_TRAINING_PARTITION:
+        raise ConfigError(
+            f"{where}: {name!r} is the training partition, where canonical rows live",
+            hint=f"stage token rows in a partition of their own (default "
+            f"{DEFAULT_STAGING_PARTITION!r})",
+        )
+    return name
 
 
 class RolloutRecoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -260,6 +274,9 @@ def config_from_dict(data: Mapping[str, Any] | None) -> RecoveryConfig:
     except msgspec.ValidationError as exc:  # a constraint `_check` does not know
         raise ConfigError(f"(top level): {exc}") from None
     _check_requirements(data, config)
+    check_staging_partition(
+        config.token_capture.staging_partition, "token_capture.staging_partition"
+    )
     return config
 
 

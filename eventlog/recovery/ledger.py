@@ -92,6 +92,7 @@ from eventlog.recovery.config import (
     DEFAULT_STAGING_PARTITION,
     DEFAULT_TRAINING_PARTITION,
     RecoveryConfig,
+    check_staging_partition,
     resolve_granularity,
 )
 from eventlog.recovery.errors import (
@@ -306,7 +307,7 @@ class RecoveryLedger:
             staging_partition = (
                 config.token_capture.staging_partition if config else DEFAULT_STAGING_PARTITION
             )
-        self.staging_partition = staging_partition
+        self.staging_partition = check_staging_partition(staging_partition, "staging_partition")
         self.training_partition = DEFAULT_TRAINING_PARTITION
         """Where finalized groups' canonical rows live until they train or are evicted."""
         self._state: LedgerState | None = None
@@ -433,7 +434,9 @@ class RecoveryLedger:
         if self._superseded is not None:
             raise self._superseded
         if self._fenced is not None:
-            raise LedgerRuleError(self._fenced, hint="reopen the ledger (RecoveryLedger.open)")
+            raise LedgerRuleError(
+                self._fenced, hint="reopen the ledger (RecoveryLedger.open), or restore it"
+            )
 
     def _supersede(self, held: int, found: int | None) -> ControllerFencedError:
         """Fence this ledger for good: a newer epoch (`found`) was taken than the one held."""
@@ -1594,6 +1597,12 @@ class RecoveryLedger:
             (yield self._prepare(cut, appends, folded=prepared.restored))
         except ConcurrencyError as exc:
             self._fenced = f"another writer appended to stream {exc.stream!r} during restore"
+            raise
+        except BaseException as exc:
+            # RestoreStarted may have landed without its closing append: the state this
+            # ledger adopted is the checkpoint's, whose attempts ran after it (as `open`
+            # refuses such a log, this ledger refuses every command but a restore).
+            self._fenced = f"the restore did not complete ({type(exc).__name__}): restore again"
             raise
         if plan.staging.clear:
             self.data_plane.delete_rows(plan.staging.partition, plan.staging.clear)
