@@ -79,14 +79,20 @@ class GroupCommitWriter:
         A leader does not queue its own submission: waking the writer thread through the
         queue cost more than the commit's own CPU (a GIL hand-off per append).
         """
-        if threading.current_thread() is threading.main_thread():
-            return self._write_in_main_thread(submission)
-        if not self._leader.acquire(blocking=False):
+        # The main thread, where Ctrl-C and SIGTERM land, waits for the leader lock and
+        # commits its own submission alone: a stop while it waits leaves nothing queued to
+        # land later, and one in its commit fails no other caller's (leading the queued
+        # ones, it handed them its stop, committed or not: retried, they were stored twice).
+        # So the stop's caller asks the log (`EventLog.seq_of`) whether its append landed.
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            self._leader.acquire()
+        elif not self._leader.acquire(blocking=False):
             return self.submit(submission).result()
         try:
             if self._closed:  # checked under the leader lock, which `close` waits for
                 raise LogClosedError(LOG_CLOSED)
-            if self._queue.empty():  # alone: no future to build, settle and wait on
+            if in_main or self._queue.empty():  # no future to build, settle and wait on
                 return self._commit_alone(submission)
             queued, _ = self._drain([], sum([len(r.events) for r in submission]))
             if not queued:
@@ -99,17 +105,6 @@ class GroupCommitWriter:
         finally:
             self._leader.release()
         return future.result()
-
-    def _write_in_main_thread(self, submission: Submission) -> Results:
-        """Where Ctrl-C and SIGTERM land, a caller waits for the leader lock and commits its
-        own submission alone: a stop while it waits leaves nothing queued to land later, and
-        one in its commit fails no other caller's (leading the queued ones, it handed them
-        its stop, committed or not: retried, they were stored twice). So the stop's caller
-        asks the log (`EventLog.seq_of`) whether its own append landed."""
-        with self._leader:
-            if self._closed:
-                raise LogClosedError(LOG_CLOSED)
-            return self._commit_alone(submission)
 
     def _commit_alone(self, submission: Submission) -> Results:
         try:

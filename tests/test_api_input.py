@@ -357,3 +357,22 @@ def test_a_backup_that_fails_midway_leaves_no_partial_copy(
         with pytest.raises(OSError, match="No space left"):
             log.backup(tmp_path / "copy.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]
+
+
+def test_an_existing_log_opened_without_create_keeps_the_url_s_own_options(
+    tmp_path: Path,
+) -> None:
+    """A missing file is refused, not made, through SQLite's `mode=rw`; the options the URL
+    carried (here the driver's timeout) are kept beside it, not replaced."""
+    import sqlalchemy as sa
+
+    from eventlog.store.sqlite import SqliteDialect
+
+    path = tmp_path / "run.db"
+    EventLog.open(path).close()
+    url = sa.make_url(f"sqlite:///{path}?timeout=7")
+    engine = SqliteDialect(url, "full", create=False).write_engine()
+    assert (engine.url.query["timeout"], engine.url.query["mode"]) == ("7", "rw")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM events").scalar_one() == 0
+    engine.dispose()

@@ -804,3 +804,13 @@ def test_a_late_result_of_a_rolled_back_attempt_or_group_is_stale_and_recordable
         assert rejected.rollout_id == rid
     with pytest.raises(StaleAttemptError, match="rolled back"):
         h.ledger.check_result("g1", 0, "g1_g0-a1")
+
+
+def test_a_staging_key_that_is_no_text_is_refused_by_name(harness: Harness) -> None:
+    h = harness
+    h.reserve("g1", n=1)
+    h.dispatch("g1")
+    head = h.log.head()
+    with pytest.raises(LedgerRuleError, match=r"staging keys \[5\] are not named under"):
+        h.ledger.stage("g1_g0", {5: {"token_ids": torch.arange(3)}}, weight_version=0)  # type: ignore[dict-item]
+    assert h.log.head() == head and h.data_plane.list_keys(STAGING) == {}

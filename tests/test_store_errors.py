@@ -265,3 +265,57 @@ def test_a_stream_taken_to_be_new_that_exists_costs_no_connection_and_says_nothi
             mine.append("mine", [LogNote(text="d")])
         assert len(opened) == before
         assert capfd.readouterr().err == ""
+
+
+@pytest.mark.postgres
+def test_only_psycopg_s_pipeline_warning_is_dropped_from_a_refused_pipeline(
+    fresh_postgres_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What else psycopg logs while the writer's refused pipeline ends still gets through:
+    the filter drops one message, not the logger."""
+    import logging
+
+    import psycopg
+
+    from eventlog.store.postgres import PostgresDialect
+    from tests.reliability import libpq_url
+
+    exit_pipeline = psycopg.Pipeline.__exit__
+
+    def saying_more(self: Any, *exc_info: Any) -> Any:
+        logging.getLogger("psycopg").warning("something else psycopg says")
+        return exit_pipeline(self, *exc_info)
+
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", saying_more)
+    dialect = PostgresDialect(sa.make_url(fresh_postgres_url), "full")
+    with psycopg.connect(libpq_url(fresh_postgres_url), autocommit=True) as conn:
+        with pytest.raises((RuntimeError, psycopg.Error)), dialect.pipeline(conn):
+            conn.execute("BEGIN")
+            conn.execute("SELECT 1 / 0")
+            conn.execute("COMMIT")
+            raise RuntimeError("the block fails before the pipeline's replies are read")
+        conn.rollback()
+    said = [r.getMessage() for r in caplog.records if r.name == "psycopg"]
+    assert said == ["something else psycopg says"]
+
+
+@pytest.mark.postgres
+def test_a_postgresql_backup_stopped_midway_leaves_no_partial_archive(
+    fresh_postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only pg_dump's own failure removed the `.partial` it wrote; a Ctrl-C or SIGTERM while
+    it ran left the half-written archive beside DEST."""
+    import subprocess
+
+    def stopped(argv: list[str], **kwargs: Any) -> Any:
+        written = next(a.removeprefix("--file=") for a in argv if a.startswith("--file="))
+        Path(written).write_bytes(b"PGDMP half")
+        raise KeyboardInterrupt
+
+    dest = tmp_path / "run.dump"
+    with EventLog.open(fresh_postgres_url) as log:
+        log.append("s", [LogNote(text="x")], NO_STREAM)
+        monkeypatch.setattr(subprocess, "run", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            log.backup(dest)
+    assert list(tmp_path.iterdir()) == []

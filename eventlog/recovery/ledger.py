@@ -321,8 +321,6 @@ class RecoveryLedger:
         or a checkpoint drops versions (`live_versions`): a read begun before that is of the
         old view (it may predate an append of ours whose version was dropped), not kept."""
         self._skipped = RolledBack()
-        self._unfinished_restore: RecordedEvent | None = None
-        """The RestoreStarted of a restore that died midway, as of the last load."""
         self._prompts: dict[str, Prompt] = {}
         self._staged: dict[str, dict[str, int]] = {}
         """Per rollout id, what `_staged_versions` read of its attempt stream."""
@@ -370,11 +368,11 @@ class RecoveryLedger:
         ledger = cls(
             log, data_plane, config=config, staging_partition=staging_partition, barrier=barrier
         )
-        head = ledger._load()
+        head, unfinished = ledger._load()
         if read_only:
             ledger._read_only = True
             return ledger
-        ledger._refuse_unfinished_restore()
+        _refuse_unfinished_restore(unfinished)
         stream, expected, events = ledger._next_epoch("open")
         (taken,) = ledger._append([AppendRequest(stream, events, expected)])
         if taken.seqs[0] != head + 1:
@@ -383,27 +381,14 @@ class RecoveryLedger:
             ledger._load()
         return ledger
 
-    def _load(self) -> int:
+    def _load(self) -> tuple[int, RecordedEvent | None]:
+        """Fold the log up to its head; the head, and the RestoreStarted of a restore that
+        died midway, if the log ends in one."""
         head = self.log.head()
         controller, self._skipped = controller_history(self.log, head)
-        self._unfinished_restore = unfinished_restore(controller)
         self._state, self._versions = fold_until(self.log, head, self._skipped)
         self._absent, self._era = set(), self._era + 1
-        return head
-
-    def _refuse_unfinished_restore(self) -> None:
-        """Opening after a restore that died midway would dispatch rollout ids its
-        rolled-back records already ran, and leave the checkpoint's in-flight attempts
-        dispatched with no worker: only a restore gives those up and numbers past them."""
-        found = self._unfinished_restore
-        if found is not None:
-            assert isinstance(found.event, RestoreStarted)
-            raise ReconciliationError(
-                f"the restore to the checkpoint of step {found.event.checkpoint_step} "
-                f"(RestoreStarted at seq {found.seq}) did not complete",
-                hint="restore again (RecoveryLedger.restore, or the controller's restart), "
-                "not open",
-            )
+        return head, unfinished_restore(controller)
 
     @property
     def epoch(self) -> int | None:
@@ -1752,4 +1737,17 @@ def _require_own_keys(rollout_id: str, keys: Sequence[str], where: str) -> None:
         raise LedgerRuleError(
             f"{where}staging keys {foreign} are not named under attempt {rollout_id!r}",
             hint=f"key each row of an attempt {rollout_id}/NAME (vocabulary.staging_key)",
+        )
+
+
+def _refuse_unfinished_restore(found: RecordedEvent | None) -> None:
+    """Opening after a restore that died midway would dispatch rollout ids its rolled-back
+    records already ran, and leave the checkpoint's in-flight attempts dispatched with no
+    worker: only a restore gives those up and numbers past them."""
+    if found is not None:
+        assert isinstance(found.event, RestoreStarted)
+        raise ReconciliationError(
+            f"the restore to the checkpoint of step {found.event.checkpoint_step} "
+            f"(RestoreStarted at seq {found.seq}) did not complete",
+            hint="restore again (RecoveryLedger.restore, or the controller's restart), not open",
         )
